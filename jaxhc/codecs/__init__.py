@@ -1,0 +1,16 @@
+"""Codecs for compressed collectives: lossy fixed-rate ZFP, lossless MPC, and the identity.
+
+Every codec compresses the flattened array into a payload whose size is static (it depends on the
+element count and dtype only), so encode and decode are XLA FFI custom calls usable under `jit`,
+`vmap` and inside `shard_map`.
+"""
+
+from jaxhc.codecs._base import Codec as Codec
+from jaxhc.codecs._base import Encoded as Encoded
+from jaxhc.codecs._identity import Identity as Identity
+from jaxhc.codecs._mpc import Mpc as Mpc
+from jaxhc.codecs._spec import CodecLike as CodecLike
+from jaxhc.codecs._spec import parse as parse
+from jaxhc.codecs._zfp import Zfp as Zfp
+
+__all__ = ["Codec", "CodecLike", "Encoded", "Identity", "Mpc", "Zfp", "parse"]

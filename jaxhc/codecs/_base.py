@@ -1,0 +1,72 @@
+"""The codec interface every collective uses: static payload sizes, jit/vmap-able encode/decode."""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FLOAT_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
+
+
+class Encoded(NamedTuple):
+    """What `Codec.encode` returns (a pytree, so it passes through jit, vmap and collectives).
+
+    payload: uint8[..., payload_bytes] -- the bytes a transport moves; its size is static.
+    ok:      bool[...] -- the payload decodes within the codec's promise: for a lossy codec the input
+             was finite, for a budgeted lossless codec the data fit the budget. Collectives fall back
+             to raw transfer for the whole call when any participant is not ok.
+    nbytes:  int32[...] -- bytes of the payload that carry data (== payload_bytes for fixed-rate codecs).
+    """
+
+    payload: jax.Array
+    ok: jax.Array
+    nbytes: jax.Array
+
+
+class Codec(abc.ABC):
+    """A compressor for one flattened array. Subclasses are frozen dataclasses (hashable, static)."""
+
+    #: True when decode(encode(x)) == x bit for bit.
+    lossless: bool
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> str:
+        """The string `jaxhc.codecs.parse` turns back into this codec, e.g. ``"zfp:8"``."""
+
+    @abc.abstractmethod
+    def payload_bytes(self, n: int, dtype) -> int:
+        """Static size in bytes of the payload of `n` values of `dtype`."""
+
+    @abc.abstractmethod
+    def encode(self, x: jax.Array) -> Encoded:
+        """Encode the flattened `x` into a payload of `payload_bytes(x.size, x.dtype)` bytes."""
+
+    @abc.abstractmethod
+    def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:
+        """Decode a payload written by `encode` for an array of `shape` and `dtype`."""
+
+    def supports(self, dtype) -> bool:
+        """Whether this codec compresses `dtype` (collectives send other dtypes raw)."""
+        return jnp.dtype(dtype) in [jnp.dtype(d) for d in FLOAT_DTYPES]
+
+    def check_dtype(self, dtype) -> np.dtype:
+        dtype = jnp.dtype(dtype)
+        if not self.supports(dtype):
+            raise ValueError(
+                f"codec {self.spec!r} cannot encode dtype {dtype}: "
+                "it takes float16, bfloat16, float32 or float64"
+            )
+        return dtype
+
+    def __str__(self) -> str:
+        return self.spec
+
+
+def num_elements(shape) -> int:
+    return math.prod(int(d) for d in shape)

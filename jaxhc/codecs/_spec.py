@@ -1,0 +1,44 @@
+"""Codec spec strings: "none", "zfp:8", "zfp:12.5", "mpc", "mpc:0.8", "mpc:0.8:dim=2"."""
+
+from __future__ import annotations
+
+from jaxhc.codecs._base import Codec
+from jaxhc.codecs._identity import Identity
+from jaxhc.codecs._mpc import Mpc
+from jaxhc.codecs._zfp import Zfp
+
+CodecLike = Codec | str | None
+
+
+def parse(spec: CodecLike) -> Codec | None:
+    """Turn a spec string into a codec; a Codec passes through, None stays None (plain lax).
+
+    >>> from jaxhc.codecs import parse
+    >>> parse("zfp:8"), parse("mpc:0.8"), parse("none")
+    (Zfp(rate=8.0), Mpc(dim=1, budget=0.8), Identity())
+    """
+    if spec is None or isinstance(spec, Codec):
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"codec spec {spec!r} must be a string such as 'zfp:8', 'mpc' or 'none'")
+    text = spec.strip().lower()
+    name, _, rest = text.partition(":")
+    args = [a for a in rest.split(":")] if rest else []
+    try:
+        if name in ("none", "identity", "raw") and not args:
+            return Identity()
+        if name == "zfp" and len(args) == 1:
+            return Zfp(rate=float(args[0]))
+        if name == "mpc" and len(args) <= 2:
+            budget, dim = None, 1
+            for a in args:
+                if a.startswith("dim="):
+                    dim = int(a[4:])
+                else:
+                    budget = float(a)
+            return Mpc(dim=dim, budget=budget)
+    except ValueError as e:
+        raise ValueError(f"bad codec spec {spec!r}: {e}") from None
+    raise ValueError(
+        f"bad codec spec {spec!r}: use 'none', 'zfp:<rate>', 'mpc' or 'mpc:<budget>[:dim=<d>]'"
+    )

@@ -1,0 +1,95 @@
+"""ZFP fixed-rate 1-D codec (lossy) over the flattened array, as XLA FFI custom calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxhc import _native
+from jaxhc.codecs._base import Codec, Encoded, num_elements
+from jaxhc.codecs._identity import _check_payload
+
+# zfp's exponent bits per block (a block must hold at least 1 + EBITS bits).
+_EBITS = {jnp.dtype(jnp.float32): 8, jnp.dtype(jnp.float64): 11}
+_MAX_RATE = {jnp.dtype(jnp.float32): 32, jnp.dtype(jnp.float64): 64}
+MIN_RATE = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Zfp(Codec):
+    """Fixed-rate ZFP: every block of 4 consecutive values is coded in exactly ``round(4 * rate)`` bits.
+
+    The stream of a 1-D float32/float64 array is byte-identical to
+    ``zfpy.compress_numpy(x, rate=rate, write_header=False)``. bfloat16/float16 are widened to float32
+    on the way in and narrowed on the way out. Rates: 3..32 bits/value for float32 (and the narrow
+    types), 3..64 for float64; zfp rounds a fractional rate to a multiple of 1/4.
+
+    >>> import jax.numpy as jnp
+    >>> from jaxhc.codecs import Zfp
+    >>> codec = Zfp(rate=8)
+    >>> enc = codec.encode(jnp.linspace(0, 1, 1000, dtype=jnp.float32))
+    >>> enc.payload.shape, bool(enc.ok)
+    ((1000,), True)
+    >>> y = codec.decode(enc.payload, (1000,), jnp.float32)
+    """
+
+    rate: float
+    lossless = False
+
+    def __post_init__(self):
+        rate = self.rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
+            raise ValueError(f"zfp rate {rate!r} is not a finite number of bits per value")
+        if not MIN_RATE <= rate <= max(_MAX_RATE.values()):
+            raise ValueError(f"zfp rate {rate!r} is out of range: use 3..32 (float32) or 3..64 (float64)")
+
+    @property
+    def spec(self) -> str:
+        return f"zfp:{self.rate:g}"
+
+    def coded_dtype(self, dtype) -> jnp.dtype:
+        """The float type the stream codes: float64 stays, every other float is widened to float32."""
+        dtype = self.check_dtype(dtype)
+        coded = jnp.dtype(jnp.float64) if dtype == jnp.float64 else jnp.dtype(jnp.float32)
+        if self.rate > _MAX_RATE[coded]:
+            raise ValueError(
+                f"zfp rate {self.rate:g} is out of range for {dtype}: "
+                f"use {MIN_RATE}..{_MAX_RATE[coded]} bits per value"
+            )
+        return coded
+
+    def maxbits(self, dtype) -> int:
+        """Bits per 4-value block, rounded and clamped as zfp_stream_set_rate does."""
+        coded = self.coded_dtype(dtype)
+        return max(int(math.floor(4 * self.rate + 0.5)), 1 + _EBITS[coded])
+
+    def payload_bytes(self, n: int, dtype) -> int:
+        return int(_native.cpu.zfp_payload_bytes(int(n), self.maxbits(dtype)))
+
+    def encode(self, x: jax.Array) -> Encoded:
+        coded = self.coded_dtype(x.dtype)
+        flat = x.reshape(-1).astype(coded)
+        n = flat.shape[0]
+        if n == 0:
+            raise ValueError("zfp cannot encode an empty array")
+        size = self.payload_bytes(n, x.dtype)
+        payload, finite = jax.ffi.ffi_call(
+            "jaxhc_zfp_encode",
+            (jax.ShapeDtypeStruct((size,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)),
+            vmap_method="broadcast_all",
+        )(flat, maxbits=self.maxbits(x.dtype))
+        return Encoded(payload, finite, jnp.asarray(size, jnp.int32))
+
+    def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:
+        coded = self.coded_dtype(dtype)
+        n = num_elements(shape)
+        _check_payload(self, payload, self.payload_bytes(n, dtype))
+        flat = jax.ffi.ffi_call(
+            "jaxhc_zfp_decode",
+            jax.ShapeDtypeStruct((n,), coded),
+            vmap_method="broadcast_all",
+        )(payload, maxbits=self.maxbits(dtype))
+        return flat.astype(dtype).reshape(shape)
