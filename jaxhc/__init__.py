@@ -1,7 +1,25 @@
 """jaxhc: compressed collectives (ZFP, MPC) for JAX/XLA training of GPT-style models."""
 
+from jaxhc import accounting as accounting
 from jaxhc import codecs as codecs
+from jaxhc import transport as transport
+from jaxhc.collectives import all_gather as all_gather
+from jaxhc.collectives import all_to_all as all_to_all
+from jaxhc.collectives import ppermute as ppermute
+from jaxhc.collectives import psum as psum
+from jaxhc.collectives import psum_scatter as psum_scatter
+from jaxhc.policy import Policy as Policy
 
 __version__ = "0.1.0"
 
-__all__ = ["codecs"]
+__all__ = [
+    "Policy",
+    "accounting",
+    "all_gather",
+    "all_to_all",
+    "codecs",
+    "ppermute",
+    "psum",
+    "psum_scatter",
+    "transport",
+]

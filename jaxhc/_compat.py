@@ -1,0 +1,42 @@
+"""Small shims over jax internals that moved between releases (jax 0.10.x and 0.11.x)."""
+
+from __future__ import annotations
+
+import jax
+from jax import lax
+
+AxisName = str | tuple[str, ...]
+
+
+def axis_tuple(axis_name: AxisName) -> tuple[str, ...]:
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def varying_axes(x) -> frozenset:
+    """Mesh axes along which `x` varies under shard_map's type system (empty outside it)."""
+    aval = jax.typeof(x)
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        mat = getattr(aval, "manual_axis_type", None)
+        vma = getattr(mat, "varying", None)
+    return frozenset(vma or ())
+
+
+def check_vma_enabled() -> bool:
+    """Whether the enclosing shard_map tracks varying axes (``check_vma=True``)."""
+    from jax._src import config
+
+    flag = getattr(config, "_check_vma", None)
+    return bool(flag.value) if flag is not None else False
+
+
+def make_varying(x, axes) -> jax.Array:
+    """Mark `x` as varying over `axes` (a no-op for axes it already varies over, or without vma)."""
+    if not check_vma_enabled():
+        return x
+    missing = tuple(a for a in axes if a not in varying_axes(x))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def axis_size(axis_name: AxisName) -> int:
+    return int(lax.axis_size(axis_name))

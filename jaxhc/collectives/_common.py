@@ -1,0 +1,114 @@
+"""Shared machinery of the compressed collectives: codec choice, payload rows, agreement, accounting."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxhc import accounting
+from jaxhc._compat import check_vma_enabled, make_varying, varying_axes
+from jaxhc.codecs import Codec, CodecLike, Identity, Mpc, parse
+from jaxhc.policy import Policy
+from jaxhc.transport import current as transport
+
+# Compressed chunks are padded to a multiple of ZFP's block so no chunk has a partial block.
+ROW_MULTIPLE = 4
+
+
+def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
+    """The codec this call compresses with, or None for the plain collective.
+
+    `codec` (a Codec, spec string, or None) and `policy` (a Policy, preset name or YAML path) are
+    alternatives. Non-float dtypes and, under a policy, messages smaller than its ``min_bytes`` go
+    uncompressed.
+    """
+    if policy is not None:
+        if codec is not None:
+            raise ValueError("pass either codec= or policy=, not both")
+        policy = Policy.load(policy)
+        chosen, min_bytes = policy.codec_for(axis_name, kind), policy.min_bytes
+    else:
+        chosen, min_bytes = parse(codec), 0
+    if chosen is None or not chosen.supports(x.dtype):
+        return None
+    if x.size * jnp.dtype(x.dtype).itemsize < min_bytes:
+        return None
+    return chosen
+
+
+def may_fail(codec: Codec) -> bool:
+    """Whether `codec.encode` can report not-ok (then the call needs an agreement round)."""
+    return not (isinstance(codec, Identity) or (isinstance(codec, Mpc) and codec.budget is None))
+
+
+def encode_rows(codec: Codec, rows: jax.Array):
+    """Encode each row of `rows` (P, m) separately: payloads (P, B) and one `ok` for all rows."""
+    enc = jax.vmap(codec.encode)(rows)
+    vma = tuple(varying_axes(rows))
+    return make_varying(enc.payload, vma), make_varying(enc.ok.all(), vma)
+
+
+def encode_one(codec: Codec, row: jax.Array):
+    enc = codec.encode(row)
+    vma = tuple(varying_axes(row))
+    return make_varying(enc.payload, vma), make_varying(enc.ok, vma)
+
+
+def decode_rows(codec: Codec, payloads: jax.Array, m: int, dtype) -> jax.Array:
+    rows = jax.vmap(lambda p: codec.decode(p, (m,), dtype))(payloads)
+    return make_varying(rows, tuple(varying_axes(payloads)))
+
+
+def to_rows(x: jax.Array, parts: int) -> tuple[jax.Array, int]:
+    """Flatten `x` and split it into `parts` equal zero-padded rows: (rows (parts, m), m)."""
+    per = -(-max(x.size, 1) // parts)
+    flat = jnp.pad(x.reshape(-1), (0, parts * per - x.size))
+    return pad_rows(flat.reshape(parts, per))
+
+
+def pad_rows(rows: jax.Array) -> tuple[jax.Array, int]:
+    """Zero-pad the rows of a (P, k) array to a multiple of ROW_MULTIPLE: (rows (P, m), m)."""
+    m = -(-rows.shape[1] // ROW_MULTIPLE) * ROW_MULTIPLE
+    return jnp.pad(rows, ((0, 0), (0, m - rows.shape[1]))), m
+
+
+def sum_rows(rows: jax.Array, dtype) -> jax.Array:
+    """Sum rows in rank order, accumulating in float32 (float64 stays float64), unrolled."""
+    acc_dtype = jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
+    acc = rows[0].astype(acc_dtype)
+    for j in range(1, rows.shape[0]):
+        acc = acc + rows[j].astype(acc_dtype)
+    return acc
+
+
+def guarded(ok, axis_name, codec: Codec, compressed, raw):
+    """Run `compressed()` if every rank's `ok` holds, else `raw()` on every rank (agreed first)."""
+    if not may_fail(codec):
+        return compressed()
+    agreed = transport().all_agree(ok, axis_name)
+    return lax.cond(agreed, compressed, raw)
+
+
+def prepare(x, axis_name):
+    """Mark `x` varying over the collective's axes (as `jax.lax` does) and say whether vma is on."""
+    vma = check_vma_enabled()
+    if vma:
+        x = make_varying(x, tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,))
+    return x, vma
+
+
+def record(axis_name, kind, raw: float, wire: float, fallback: bool = False) -> None:
+    accounting.record(axis_name, kind, raw, wire, fallback)
+
+
+def nbytes(x) -> int:
+    return int(math.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+
+
+def agreement_bytes(codec: Codec, parts: int) -> int:
+    """Wire bytes of the all-ranks flag agreement (an int32 per rank) when the codec needs it."""
+    return 4 * (parts - 1) if may_fail(codec) else 0
+

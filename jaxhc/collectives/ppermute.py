@@ -1,0 +1,95 @@
+"""Compressed ppermute: encode, permute the payload, decode."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxhc.codecs import Codec, CodecLike
+from jaxhc.collectives import _common as c
+from jaxhc.transport import current as transport
+
+
+def ppermute(x, axis_name, perm, *, codec: CodecLike = None, policy=None, kind=None):
+    """`jax.lax.ppermute` whose traffic is compressed by `codec` (or `policy` for `kind`).
+
+    Ranks that receive nothing get zeros, as with `jax.lax.ppermute`. The gradient is the compressed
+    ppermute with the inverse permutation.
+
+    >>> nxt = jaxhc.ppermute(h, "pipe", [(i, i + 1) for i in range(3)], codec="zfp:16")  # doctest: +SKIP
+    """
+    perm = tuple((int(s), int(d)) for s, d in perm)
+    return jax.tree.map(lambda a: _one(a, axis_name, perm, codec, policy, kind), x)
+
+
+def _one(x, axis_name, perm, codec, policy, kind):
+    parts = transport().axis_size(axis_name)
+    _check_perm(perm, parts)
+    chosen = c.resolve(x, axis_name, codec, policy, kind)
+    x, _ = c.prepare(x, axis_name)
+    if chosen is None:
+        raw = len(perm) / parts * c.nbytes(x)
+        c.record(axis_name, kind, raw, raw)
+        return transport().ppermute(x, axis_name, perm)
+    return _permute(x, axis_name, perm, chosen, kind)
+
+
+def _check_perm(perm, parts):
+    srcs, dsts = [s for s, _ in perm], [d for _, d in perm]
+    if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
+        raise ValueError(f"jaxhc.ppermute: perm {list(perm)} repeats a source or a destination")
+    bad = [i for i in srcs + dsts if not 0 <= i < parts]
+    if bad:
+        raise ValueError(f"jaxhc.ppermute: perm index {bad[0]} is outside the axis size {parts}")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _permute(x, axis_name, perm, codec: Codec, kind):
+    return _compressed(x, axis_name, perm, codec, kind)
+
+
+def _fwd(x, axis_name, perm, codec, kind):
+    return _compressed(x, axis_name, perm, codec, kind), None
+
+
+def _bwd(axis_name, perm, codec, kind, _, ct):
+    inverse = tuple((d, s) for s, d in perm)
+    return (_permute(ct, axis_name, inverse, codec, kind),)
+
+
+_permute.defvjp(_fwd, _bwd)
+
+
+def _compressed(x, axis_name, perm, codec: Codec, kind):
+    t = transport()
+    parts = t.axis_size(axis_name)
+    share = len(perm) / parts  # average fraction of ranks that send
+    raw = share * c.nbytes(x)
+    payload, ok = c.encode_one(codec, x)
+    agree = c.agreement_bytes(codec, parts)
+    receivers = sorted(d for _, d in perm)
+
+    def permute():
+        c.record(axis_name, kind, raw, share * payload.shape[0] + agree)
+        got = t.ppermute(payload, axis_name, perm)
+        if len(receivers) == parts:
+            return c.decode_rows(codec, got[None], x.size, x.dtype)[0].reshape(x.shape)
+        # Ranks that receive nothing hold a zero payload, which is no valid stream for every
+        # codec: they skip decoding and return zeros, as lax.ppermute does.
+        me = t.axis_index(axis_name)
+        receives = jnp.isin(me, jnp.asarray(receivers))
+        return lax.cond(
+            receives,
+            lambda p: c.decode_rows(codec, p[None], x.size, x.dtype)[0].reshape(x.shape),
+            lambda p: c.make_varying(jnp.zeros(x.shape, x.dtype), tuple(c.varying_axes(p))),
+            got,
+        )
+
+    def plain():
+        c.record(axis_name, kind, raw, raw + agree, True)
+        return t.ppermute(x, axis_name, perm)
+
+    return c.guarded(ok, axis_name, codec, permute, plain)

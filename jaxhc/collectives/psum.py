@@ -1,0 +1,101 @@
+"""Compressed psum: a compressed reduce-scatter followed by a compressed all-gather."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from jaxhc._compat import axis_tuple, make_varying
+from jaxhc.codecs import Codec, CodecLike
+from jaxhc.collectives import _common as c
+from jaxhc.transport import current as transport
+
+
+def psum(x, axis_name, *, axis_index_groups=None, codec: CodecLike = None, policy=None, kind=None):
+    """`jax.lax.psum` whose traffic is compressed by `codec` (or by `policy` for `kind` traffic).
+
+    Each rank splits its array into P chunks, encodes them, and sends chunk j to rank j (all_to_all);
+    rank j decodes the P pieces of its chunk, sums them in float32 in rank order, encodes the sum,
+    and all ranks all-gather and decode the reduced chunks. Every rank, the owner included, uses the
+    decoded values, so replicas stay bit-identical. Per rank this moves ~2(P-1)/P x raw / ratio
+    bytes, like a ring allreduce. If any rank's input cannot be encoded within the codec's promise
+    (NaN/Inf under ZFP, over budget under MPC), every rank falls back to the plain psum for that
+    call. Gradients flow through the same compressed algorithm (`custom_vjp`).
+
+    >>> y = jaxhc.psum(grads, "data", codec="zfp:8")                 # doctest: +SKIP
+    >>> y = jaxhc.psum(grads, "data", policy="zhybrid", kind="grad")  # doctest: +SKIP
+    """
+    if axis_index_groups is not None:
+        if codec is None and policy is None:
+            return jax.lax.psum(x, axis_name, axis_index_groups=axis_index_groups)
+        raise ValueError("jaxhc.psum: axis_index_groups is not supported with compression")
+    return jax.tree.map(lambda a: _one(a, axis_name, codec, policy, kind), x)
+
+
+def _one(x, axis_name, codec, policy, kind):
+    chosen = c.resolve(x, axis_name, codec, policy, kind)
+    x, vma = c.prepare(x, axis_name)
+    if chosen is None:
+        return _plain(x, axis_name, kind)
+    return _psum(x, axis_name, chosen, kind, vma)
+
+
+def _plain(x, axis_name, kind):
+    parts = transport().axis_size(axis_name)
+    raw = 2 * (parts - 1) / parts * c.nbytes(x)
+    c.record(axis_name, kind, raw, raw)
+    return transport().psum(x, axis_name)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _psum(x, axis_name, codec: Codec, kind, vma: bool):
+    return _compressed(x, axis_name, codec, kind)
+
+
+def _fwd(x, axis_name, codec, kind, vma):
+    return _compressed(x, axis_name, codec, kind), None
+
+
+def _bwd(axis_name, codec, kind, vma, _, ct):
+    if vma:  # psum maps varying -> invariant; its transpose is the identity per shard.
+        return (make_varying(ct, axis_tuple(axis_name)),)
+    return (_psum(ct, axis_name, codec, kind, vma),)
+
+
+_psum.defvjp(_fwd, _bwd)
+
+
+def _compressed(x, axis_name, codec: Codec, kind):
+    t = transport()
+    parts = t.axis_size(axis_name)
+    if parts == 1:
+        return t.psum(x, axis_name)
+    n, shape, dtype = x.size, x.shape, x.dtype
+    raw = 2 * (parts - 1) / parts * c.nbytes(x)
+    agree = c.agreement_bytes(codec, parts)
+    rows, m = c.to_rows(x, parts)
+    payloads, ok = c.encode_rows(codec, rows)
+    sent = (parts - 1) * payloads.shape[1] + agree
+
+    def reduce_scatter_then_gather():
+        pieces = c.decode_rows(codec, t.all_to_all_rows(payloads, axis_name), m, dtype)
+        reduced = c.sum_rows(pieces, dtype).astype(dtype)
+        payload, ok2 = c.encode_one(codec, reduced)
+
+        def gather():
+            c.record(axis_name, kind, raw, sent + (parts - 1) * payload.shape[0] + agree)
+            return c.decode_rows(codec, t.all_gather_rows(payload, axis_name), m, dtype)
+
+        def gather_raw():
+            c.record(axis_name, kind, raw, sent + (parts - 1) * c.nbytes(reduced) + agree, True)
+            return t.all_gather_rows(reduced, axis_name)
+
+        out = c.guarded(ok2, axis_name, codec, gather, gather_raw)
+        return out.reshape(-1)[:n].reshape(shape)
+
+    def plain():
+        c.record(axis_name, kind, raw, raw + agree, True)
+        return t.psum(x, axis_name)
+
+    return c.guarded(ok, axis_name, codec, reduce_scatter_then_gather, plain)

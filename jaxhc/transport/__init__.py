@@ -1,0 +1,13 @@
+"""How compressed payloads (and raw fallbacks) move between ranks.
+
+A transport provides the few collectives jaxhc's algorithms are written in: all_to_all of payload
+rows, all_gather, ppermute, an all-ranks agreement on a flag, and the plain (raw) collectives used
+as fallbacks. `XlaTransport` (default) uses `jax.lax` inside `shard_map`.
+"""
+
+from jaxhc.transport._base import Transport as Transport
+from jaxhc.transport._base import current as current
+from jaxhc.transport._base import use as use
+from jaxhc.transport.xla import XlaTransport as XlaTransport
+
+__all__ = ["Transport", "XlaTransport", "current", "use"]

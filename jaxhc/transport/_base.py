@@ -1,0 +1,72 @@
+"""The transport interface and the one in use while tracing."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import threading
+
+import jax
+
+_STATE = threading.local()
+
+
+class Transport(abc.ABC):
+    """Collectives over a named mesh axis, as the per-shard program sees them."""
+
+    name: str
+
+    @abc.abstractmethod
+    def axis_size(self, axis_name) -> int: ...
+
+    @abc.abstractmethod
+    def axis_index(self, axis_name) -> jax.Array: ...
+
+    @abc.abstractmethod
+    def all_agree(self, flag: jax.Array, axis_name) -> jax.Array:
+        """True on every rank iff `flag` (a bool scalar) is True on every rank."""
+
+    @abc.abstractmethod
+    def all_to_all_rows(self, rows: jax.Array, axis_name) -> jax.Array:
+        """rows[j] goes to rank j; the result's row j came from rank j."""
+
+    @abc.abstractmethod
+    def all_gather_rows(self, row: jax.Array, axis_name) -> jax.Array:
+        """Stack every rank's `row`: result[j] is rank j's row."""
+
+    @abc.abstractmethod
+    def ppermute(self, x: jax.Array, axis_name, perm) -> jax.Array: ...
+
+    # Raw collectives with `jax.lax` semantics: the fallback path and the codec=None path.
+    @abc.abstractmethod
+    def psum(self, x, axis_name): ...
+
+    @abc.abstractmethod
+    def all_gather(self, x, axis_name, *, axis=0, tiled=False, **kw): ...
+
+    @abc.abstractmethod
+    def psum_scatter(self, x, axis_name, *, scatter_dimension=0, tiled=False): ...
+
+    @abc.abstractmethod
+    def all_to_all(self, x, axis_name, split_axis, concat_axis, *, tiled=False): ...
+
+
+def current() -> Transport:
+    """The transport collectives trace with (XLA unless `use` says otherwise)."""
+    t = getattr(_STATE, "transport", None)
+    if t is None:
+        from jaxhc.transport.xla import XlaTransport
+
+        t = _STATE.transport = XlaTransport()
+    return t
+
+
+@contextlib.contextmanager
+def use(transport: Transport):
+    """Trace jaxhc collectives with `transport` inside this block."""
+    prev = getattr(_STATE, "transport", None)
+    _STATE.transport = transport
+    try:
+        yield transport
+    finally:
+        _STATE.transport = prev

@@ -1,0 +1,52 @@
+"""XLA transport: `jax.lax` collectives inside `shard_map` (local or `jax.distributed` devices)."""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxhc._compat import axis_size, check_vma_enabled
+from jaxhc.transport._base import Transport
+
+
+_ALL_GATHER_HAS_TO = "to" in inspect.signature(lax.all_gather).parameters
+
+
+class XlaTransport(Transport):
+    name = "xla"
+
+    def axis_size(self, axis_name) -> int:
+        return axis_size(axis_name)
+
+    def axis_index(self, axis_name) -> jax.Array:
+        return lax.axis_index(axis_name)
+
+    def all_agree(self, flag, axis_name):
+        return lax.pmin(flag.astype(jnp.int32), axis_name) > 0
+
+    def all_to_all_rows(self, rows, axis_name):
+        return lax.all_to_all(rows, axis_name, 0, 0)
+
+    def all_gather_rows(self, row, axis_name):
+        # Every rank holds the same stack: mark it invariant so results keep shard_map's types.
+        if _ALL_GATHER_HAS_TO and check_vma_enabled():
+            return lax.all_gather(row, axis_name, to="invarying")
+        return lax.all_gather(row, axis_name)
+
+    def ppermute(self, x, axis_name, perm):
+        return lax.ppermute(x, axis_name, perm)
+
+    def psum(self, x, axis_name):
+        return lax.psum(x, axis_name)
+
+    def all_gather(self, x, axis_name, *, axis=0, tiled=False, **kw):
+        return lax.all_gather(x, axis_name, axis=axis, tiled=tiled, **kw)
+
+    def psum_scatter(self, x, axis_name, *, scatter_dimension=0, tiled=False):
+        return lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
+
+    def all_to_all(self, x, axis_name, split_axis, concat_axis, *, tiled=False):
+        return lax.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
