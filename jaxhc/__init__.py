@@ -9,6 +9,8 @@ from jaxhc.collectives import ppermute as ppermute
 from jaxhc.collectives import psum as psum
 from jaxhc.collectives import psum_scatter as psum_scatter
 from jaxhc.policy import Policy as Policy
+from jaxhc.transport import axis_index as axis_index
+from jaxhc.transport import axis_size as axis_size
 
 __version__ = "0.1.0"
 
@@ -17,6 +19,8 @@ __all__ = [
     "accounting",
     "all_gather",
     "all_to_all",
+    "axis_index",
+    "axis_size",
     "codecs",
     "ppermute",
     "psum",

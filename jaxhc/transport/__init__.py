@@ -6,8 +6,10 @@ as fallbacks. `XlaTransport` (default) uses `jax.lax` inside `shard_map`.
 """
 
 from jaxhc.transport._base import Transport as Transport
+from jaxhc.transport._base import axis_index as axis_index
+from jaxhc.transport._base import axis_size as axis_size
 from jaxhc.transport._base import current as current
 from jaxhc.transport._base import use as use
 from jaxhc.transport.xla import XlaTransport as XlaTransport
 
-__all__ = ["Transport", "XlaTransport", "current", "use"]
+__all__ = ["Transport", "XlaTransport", "axis_index", "axis_size", "current", "use"]

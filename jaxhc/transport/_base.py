@@ -70,3 +70,17 @@ def use(transport: Transport):
         yield transport
     finally:
         _STATE.transport = prev
+
+
+def axis_size(axis_name) -> int:
+    """Ranks along `axis_name` (a name or tuple of names) under the current transport.
+
+    Per-shard code should use this and `axis_index` instead of `jax.lax`'s, so that it runs
+    unchanged under shard_map (XLA transport) and one process per device (MPI transport).
+    """
+    return current().axis_size(axis_name)
+
+
+def axis_index(axis_name) -> jax.Array:
+    """This rank's index along `axis_name` under the current transport."""
+    return current().axis_index(axis_name)
