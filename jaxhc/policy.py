@@ -160,6 +160,10 @@ def _codec(entry: Any, where: str) -> Codec | None:
     if isinstance(entry, Mapping):
         entry = dict(entry)
         kind = str(entry.pop("codec", "")).lower()
+        if ":" in kind:  # {codec: "zfp:8"} (plus per-kind overrides, popped by the caller)
+            if entry:
+                raise ValueError(f"{where}: unknown key {sorted(entry)[0]!r}")
+            return _codec(kind, where)
         try:
             if kind in ("off", "lax"):
                 codec = None

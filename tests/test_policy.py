@@ -1,0 +1,90 @@
+"""Policy: presets, YAML files, per-kind overrides, and one-line errors naming the bad key."""
+
+import glob
+import os
+
+import pytest
+
+from jaxhc import Policy
+from jaxhc.codecs import Identity, Mpc, Zfp
+from jaxhc.policy import PRESETS
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs", "policy")
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CONFIGS, "*.yaml"))))
+def test_every_shipped_yaml_loads_and_matches_its_preset(path):
+    policy = Policy.load(path)
+    name = os.path.splitext(os.path.basename(path))[0]
+    assert policy.name == name
+    if name in PRESETS:
+        assert policy == Policy.preset(name)
+
+
+def test_every_preset_has_a_yaml():
+    shipped = {os.path.splitext(os.path.basename(p))[0] for p in glob.glob(f"{CONFIGS}/*.yaml")}
+    assert set(PRESETS) <= shipped
+
+
+def test_hybrid_presets_choose_codec_per_axis():
+    mz = Policy.preset("mzhybrid")
+    assert mz.codec_for("data") == Zfp(8)
+    assert mz.codec_for("tensor") == Mpc(budget=0.8)
+    assert mz.codec_for("pipe") == Mpc(budget=0.8)
+    z = Policy.preset("zhybrid")
+    assert z.codec_for("data") == Zfp(8) and z.codec_for("tensor") == Zfp(16)
+    assert Policy.preset("none").codec_for("data") is None
+    assert Policy.preset("identity").codec_for("pipe") == Identity()
+
+
+def test_kind_overrides_and_tuple_axes():
+    p = Policy.from_dict(
+        {"axes": {"data": {"codec": "zfp", "rate": 8, "param": "mpc:0.9"}, "tensor": "zfp:16"}}
+    )
+    assert p.codec_for("data", "grad") == Zfp(8)
+    assert p.codec_for("data", "param") == Mpc(budget=0.9)
+    # A tuple of axes takes the most faithful codec of its members.
+    assert p.codec_for(("data", "tensor")) == Zfp(16)
+    assert p.codec_for(("data", "pipe")) is None  # pipe is not listed: plain lax
+
+
+def test_policy_is_hashable_and_round_trips_through_dict():
+    p = Policy.preset("mzhybrid")
+    assert hash(p) == hash(Policy.from_dict(p.to_dict()))
+    assert Policy.from_dict(p.to_dict()) == p
+
+
+@pytest.mark.parametrize(
+    "data, culprit",
+    [
+        ({"axes": {"data": {"codec": "zfq"}}}, "axes.data.codec"),
+        ({"axes": {"data": {"codec": "zfp"}}}, "rate"),
+        ({"axes": {"data": {"codec": "zfp", "rate": 2}}}, "zfp rate 2"),
+        ({"axes": {"data": {"codec": "zfp", "rate": 8, "rte": 1}}}, "'rte'"),
+        ({"axes": {"data": {"codec": "mpc", "budget": 3}}}, "budget"),
+        ({"axes": {"data": "zfp:x"}}, "axes.data"),
+        ({"axes": {"data": {"codec": "zfp", "rate": 8, "params": "mpc"}}}, "'params'"),
+        ({"min_byte": 3}, "'min_byte'"),
+        ({"min_bytes": -1}, "min_bytes"),
+        ({"axes": ["data"]}, "axes"),
+    ],
+)
+def test_bad_policy_is_one_line_error_naming_the_key(data, culprit):
+    with pytest.raises(ValueError) as err:
+        Policy.from_dict(data, name="t")
+    message = str(err.value)
+    assert culprit in message and "\n" not in message
+
+
+def test_bad_preset_and_kind():
+    with pytest.raises(ValueError, match="unknown policy 'zhybird'"):
+        Policy.load("zhybird")
+    with pytest.raises(ValueError, match="traffic kind 'acts'"):
+        Policy.preset("zhybrid").codec_for("data", "acts")
+
+
+def test_yaml_error_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("axes:\n  tensor: {codec: zfp, rate: 99}\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: policy bad: axes.tensor"):
+        Policy.load(str(path))
