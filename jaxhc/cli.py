@@ -1,0 +1,137 @@
+"""`jaxhc` command line: train, report and sweep.
+
+    jaxhc train --config configs/experiments/default.yaml --compression zhybrid \
+        --mesh data=2,tensor=2,pipe=2 --steps 200 --out runs/zhybrid model.n_layer=4
+    jaxhc report runs/* --out runs/report
+    jaxhc sweep configs/experiments/hybrid-sweep.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a GPT on the embedded corpus")
+    p.add_argument("--config", help="experiment YAML (default: the built-in small GPT)")
+    p.add_argument("--compression", help="policy preset (none, zfp8, zfp16, mpc, mzhybrid, "
+                                         "zhybrid, identity) or a policy YAML path")
+    p.add_argument("--mesh", help="e.g. data=2,tensor=2,pipe=2[,microbatches=2]")
+    p.add_argument("--steps", type=int, help="training steps (also the schedule's length)")
+    p.add_argument("--transport", choices=["xla", "mpi"], help="how collectives move bytes")
+    p.add_argument("--out", help="run directory (default: runs/<config name>-<compression>)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", help="dotted overrides such as model.n_layer=4")
+
+
+def load_config(args):
+    from jaxhc.train.config import load, parse_mesh
+
+    overrides = list(args.overrides)
+    if args.compression:
+        overrides.append(f"compression={args.compression}")
+    if args.transport:
+        overrides.append(f"transport={args.transport}")
+    if args.steps is not None:
+        overrides += [f"train.steps={args.steps}", f"optim.total_steps={args.steps}"]
+    if args.mesh:
+        overrides += [f"mesh.{k}={v}" for k, v in parse_mesh(args.mesh).items()]
+    return load(args.config, overrides)
+
+
+def cmd_train(args) -> int:
+    cfg = load_config(args)
+    out = args.out or os.path.join("runs", f"{cfg.name}-{os.path.basename(cfg.compression)}")
+    if cfg.transport == "mpi":
+        from jaxhc.train.mpi import train_mpi
+
+        summary = train_mpi(cfg, out, resume=args.resume, progress=not args.no_progress)
+    else:
+        from jaxhc.train.loop import train
+
+        summary = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+    if summary:
+        print(f"{out}: step {summary['step'] + 1} loss {summary['loss']:.4f}"
+              + (f" val {summary['val_loss']:.4f}" if "val_loss" in summary else ""))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from jaxhc.train.report import report
+
+    dirs = [d for d in args.runs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+    if not dirs:
+        raise ValueError(f"no run directories (with metrics.jsonl) among {args.runs}")
+    out = args.out or os.path.join(os.path.dirname(os.path.normpath(dirs[0])) or ".", "report")
+    print(report(dirs, out))
+    print(f"wrote {out}/report.md and plots")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    import yaml
+
+    from jaxhc.train.config import load
+    from jaxhc.train.loop import train
+    from jaxhc.train.report import report
+
+    with open(args.sweep) as f:
+        sweep = yaml.safe_load(f) or {}
+    unknown = set(sweep) - {"base", "policies", "out", "overrides"}
+    if unknown:
+        raise ValueError(f"{args.sweep}: unknown sweep key {sorted(unknown)[0]!r}")
+    base = sweep.get("base")
+    if base is not None and not os.path.isabs(base):
+        base = os.path.join(os.path.dirname(os.path.abspath(args.sweep)), base)
+    policies = sweep.get("policies") or []
+    if not policies:
+        raise ValueError(f"{args.sweep}: 'policies' must list at least one policy")
+    out = args.out or sweep.get("out", "runs/sweep")
+    dirs = []
+    for policy in policies:
+        cfg = load(base, list(sweep.get("overrides", [])) + list(args.overrides) +
+                   [f"compression={policy}"])
+        run_dir = os.path.join(out, os.path.splitext(os.path.basename(str(policy)))[0])
+        print(f"== {run_dir}", flush=True)
+        resume = os.path.exists(os.path.join(run_dir, "checkpoints"))
+        if not (resume and _finished(run_dir, cfg)):
+            train(cfg, run_dir, resume=resume, progress=not args.no_progress)
+        dirs.append(run_dir)
+    print(report(dirs, os.path.join(out, "report")))
+    return 0
+
+
+def _finished(run_dir: str, cfg) -> bool:
+    from jaxhc.train.checkpoint import Checkpoints
+
+    return Checkpoints(os.path.join(run_dir, "checkpoints")).latest_step() == cfg.train.steps
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="jaxhc", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    rp = sub.add_parser("report", help="compare runs: markdown table and PNG plots")
+    rp.add_argument("runs", nargs="+", help="run directories")
+    rp.add_argument("--out", help="where to write report.md and plots")
+    sp = sub.add_parser("sweep", help="train several policies on the same seed and data")
+    sp.add_argument("sweep", help="sweep YAML (base config, policies, out)")
+    sp.add_argument("--out", help="override the sweep's output directory")
+    sp.add_argument("--no-progress", action="store_true")
+    sp.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
+    args = ap.parse_args(argv)
+    try:
+        return {"train": cmd_train, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"jaxhc {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+

@@ -1,0 +1,136 @@
+"""Experiment configuration: YAML files with sections, dotted overrides, one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import yaml
+
+from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig
+from jaxhc.policy import Policy
+
+TRANSPORTS = ("xla", "mpi")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The loop: steps, global batch, seeds, and how often to log, evaluate and checkpoint."""
+
+    steps: int = 300
+    batch_size: int = 16
+    seed: int = 0
+    eval_every: int = 50
+    eval_batches: int = 4
+    ckpt_every: int = 100
+    keep_checkpoints: int = 3
+
+    def __post_init__(self):
+        for key in ("steps", "batch_size", "eval_every", "eval_batches", "ckpt_every",
+                    "keep_checkpoints"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"train.{key}={value!r} must be a positive integer")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"train.seed={self.seed!r} must be an integer >= 0")
+
+
+SECTIONS = {"model": GPTConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """One training run. ``compression`` is a policy preset name or a policy YAML path."""
+
+    name: str = "default"
+    model: GPTConfig = GPTConfig()
+    mesh: MeshConfig = MeshConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    compression: str = "zhybrid"
+    transport: str = "xla"
+
+    def __post_init__(self):
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport={self.transport!r} must be one of {', '.join(TRANSPORTS)}")
+        Policy.load(self.compression)  # fails early with a one-line error naming the policy
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def from_dict(data: dict[str, Any]) -> ExperimentConfig:
+    """Build an ExperimentConfig from a nested mapping; unknown keys are errors naming them.
+
+    ``optim.total_steps`` defaults to ``train.steps`` (the schedule spans the run).
+    """
+    data = dict(data or {})
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in SECTIONS:
+            kwargs[key] = _section(key, value)
+        elif key in ("name", "compression", "transport"):
+            kwargs[key] = str(value)
+        else:
+            raise ValueError(f"unknown config key {key!r}")
+    if "optim" not in data or "total_steps" not in (data.get("optim") or {}):
+        steps = kwargs.get("train", TrainConfig()).steps
+        kwargs["optim"] = dataclasses.replace(kwargs.get("optim", OptimConfig()), total_steps=steps)
+    return ExperimentConfig(**kwargs)
+
+
+def _section(name: str, value: Any):
+    cls = SECTIONS[name]
+    if not isinstance(value, dict):
+        raise ValueError(f"config section {name!r} must be a mapping, got {value!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    value = dict(value)
+    for key, v in value.items():
+        if key not in fields:
+            raise ValueError(f"unknown config key {name}.{key}")
+        # YAML 1.1 reads "1e-3" as a string; accept it (and ints) where a float is expected.
+        if isinstance(fields[key].default, float) and isinstance(v, (str, int)) and not isinstance(v, bool):
+            try:
+                value[key] = float(v)
+            except ValueError:
+                raise ValueError(f"{name}.{key}={v!r} is not a number") from None
+    return cls(**value)
+
+
+def load(path: str | None, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read a YAML experiment (or the defaults when `path` is None) and apply ``a.b=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not os.path.exists(path):
+            raise ValueError(f"config file {path!r} does not exist")
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of config sections")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {item!r}: {part!r} is not a section")
+        node[leaf] = yaml.safe_load(raw)
+    return from_dict(data)
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2,tensor=2,pipe=2"`` -> {"data": 2, "tensor": 2, "pipe": 2}."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in ("data", "tensor", "pipe", "microbatches"):
+            raise ValueError(f"--mesh {text!r}: use data=N,tensor=N,pipe=N[,microbatches=N]")
+        try:
+            out[key.strip()] = int(value)
+        except ValueError:
+            raise ValueError(f"--mesh {text!r}: {key.strip()}={value!r} is not an integer") from None
+    return out
