@@ -25,7 +25,8 @@ class Mpc(Codec):
     subtract the previous word, drop zero words (a one-bit-per-word bitmap keeps their places).
     The compressed size depends on the data, but XLA needs a static one: the payload has room for
     ``budget`` x raw bytes (``budget=None``: the worst case, so every input fits). ``Encoded.ok`` says
-    whether the data fit; a payload that did not fit must not be decoded.
+    whether the data fit; a payload that did not fit must not be decoded. A malformed payload makes
+    ``decode`` raise on CPU; on CUDA it decodes to zeros (errors cannot leave the stream there).
 
     >>> import jax.numpy as jnp
     >>> from jaxhc.codecs import Mpc
@@ -71,9 +72,14 @@ class Mpc(Codec):
         if n == 0:
             raise ValueError("mpc cannot encode an empty array")
         capacity = self.payload_bytes(n, dtype)
-        payload, nbytes = jax.ffi.ffi_call(
+        scratch = int(_native.cpu.mpc_scratch_bytes(n, dtype.itemsize))
+        payload, nbytes, _ = jax.ffi.ffi_call(
             "jaxhc_mpc_encode",
-            (jax.ShapeDtypeStruct((capacity,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.int32)),
+            (
+                jax.ShapeDtypeStruct((capacity,), jnp.uint8),
+                jax.ShapeDtypeStruct((), jnp.int32),
+                jax.ShapeDtypeStruct((scratch,), jnp.uint8),
+            ),
             vmap_method="broadcast_all",
         )(words, dim=self.dim)
         return Encoded(payload, nbytes <= capacity, nbytes)
@@ -82,9 +88,22 @@ class Mpc(Codec):
         dtype = self.check_dtype(dtype)
         n = num_elements(shape)
         _check_payload(self, payload, self.payload_bytes(n, dtype))
-        words = jax.ffi.ffi_call(
-            "jaxhc_mpc_decode",
-            jax.ShapeDtypeStruct((n,), _WORD[dtype.itemsize]),
-            vmap_method="broadcast_all",
-        )(payload, dim=self.dim)
+        words, _ = decode_words(payload, n, dtype.itemsize, self.dim, strict=True)
         return lax.bitcast_convert_type(words, dtype).reshape(shape)
+
+
+def decode_words(payload: jax.Array, n: int, word_bytes: int, dim: int, *, strict: bool):
+    """Decode MPC payloads (uint8[..., capacity]) into words (uint{16,32,64}[..., n]) and a status.
+
+    status (int32[...]) is 0 for a good row; a malformed row decodes to zeros with a nonzero status
+    (see ``Status`` in ffi/core/mpc.h). With ``strict`` the CPU decoder also raises for the first
+    bad row; the CUDA decoder never raises, it only reports the status.
+    """
+    return jax.ffi.ffi_call(
+        "jaxhc_mpc_decode",
+        (
+            jax.ShapeDtypeStruct((n,), _WORD[word_bytes]),
+            jax.ShapeDtypeStruct((), jnp.int32),
+        ),
+        vmap_method="broadcast_all",
+    )(payload, dim=dim, strict=int(strict))
