@@ -203,16 +203,18 @@ JAXHC_HD Status parse_stream(const uint8_t* s, uint32_t size, uint32_t wb, uint3
 }
 
 // ---- Serial chunk codec (one thread per chunk; the CPU handlers run it on every core) ----
-// The chunk lives as rows of all tiles side by side, a[k * T + j] = word k of tile j, so that every
-// step but zero elimination is a loop over whole rows the compiler vectorizes. After the
-// transpose, a[b * T + j] = plane b of tile j = y[j * W + b].
+// The chunk lives as rows of all tiles side by side, a[k * T + j] = word k of tile j, so that the
+// transpose, both differences and the bitmap are loops over whole rows the compiler vectorizes.
+// After the transpose, a[b * T + j] = plane b of tile j = y[j * W + b].
 
 template <typename U>
 struct ChunkBuffers {
   static constexpr int W = sizeof(U) * 8, T = kChunkWords / W;
-  alignas(64) U d[kChunkWords];  // words in chunk order
-  alignas(64) U a[kChunkWords];  // rows
-  static int row_index(uint32_t t) { return int(t % W) * T + int(t / W); }  // of y[t] / d[t]
+  alignas(64) U a[kChunkWords];           // rows
+  alignas(64) U packed[kChunkWords];      // the nonzero words, in stream order
+  alignas(64) U nz[T];                    // bit b of nz[j]: e of plane b of tile j is nonzero; as
+                                          // bytes, exactly the 32 bitmap words
+  alignas(64) uint8_t stage[kChunkWords * sizeof(U)];  // a stream cut short by the budget
 };
 
 // Encodes the chunk x[0, m) and writes its first min(stream size, room) bytes to out.
@@ -220,52 +222,59 @@ struct ChunkBuffers {
 template <typename U>
 inline uint32_t encode_chunk(const U* x, uint32_t m, uint32_t dim, uint8_t* out, uint64_t room,
                              ChunkBuffers<U>& b) {
-  using B = ChunkBuffers<U>;
-  constexpr int W = B::W, T = B::T;
+  constexpr int W = ChunkBuffers<U>::W, T = ChunkBuffers<U>::T;
   constexpr uint32_t wb = sizeof(U);
-  const uint32_t lead = dim < m ? dim : m, raw = m * wb;
-  for (uint32_t i = 0; i < lead; ++i) b.d[i] = x[i];
-  for (uint32_t i = lead; i < m; ++i) b.d[i] = U(x[i] - x[i - dim]);
-  for (uint32_t i = m; i < kChunkWords; ++i) b.d[i] = 0;
-  for (int j = 0; j < T; ++j)
-    for (int k = 0; k < W; ++k) b.a[k * T + j] = b.d[j * W + k];
-  transpose_bits<U, T>(b.a);
+  const uint32_t raw = m * wb;
+  U* a = b.a;
+  for (int j = 0; j < T; ++j) {  // step 1, stored as rows
+    const uint32_t i0 = uint32_t(j * W);
+    if (i0 >= dim && i0 + W <= m) {
+      for (int k = 0; k < W; ++k) a[k * T + j] = U(x[i0 + k] - x[i0 + k - dim]);
+    } else {
+      for (uint32_t k = 0, i = i0; k < uint32_t(W); ++k, ++i)
+        a[k * T + j] = i >= m ? U(0) : i >= dim ? U(x[i] - x[i - dim]) : x[i];
+    }
+  }
+  transpose_bits<U, T>(a);
   // e = y[t] - y[t-1]: rows from the top down, then row 0 (plane 0 of tile j follows plane W-1
   // of tile j-1, kept from before its row changed).
-  U* a = b.a;
   U last[T];
   for (int j = 0; j < T; ++j) last[j] = a[(W - 1) * T + j];
   for (int k = W - 1; k > 0; --k)
     for (int j = 0; j < T; ++j) a[k * T + j] = U(a[k * T + j] - a[(k - 1) * T + j]);
   for (int j = 1; j < T; ++j) a[j] = U(a[j] - last[j - 1]);
 
+  for (int j = 0; j < T; ++j) b.nz[j] = 0;
+  for (int k = 0; k < W; ++k)
+    for (int j = 0; j < T; ++j) b.nz[j] |= U(U(a[k * T + j] != 0) << k);
   uint32_t bm[32], top = 0, nnz = 0;
-  for (uint32_t r = 0; r < 32; ++r) {
-    uint32_t bits = 0;
-    for (uint32_t l = 0; l < 32; ++l) bits |= uint32_t(a[B::row_index(32 * r + l)] != 0) << l;
-    bm[r] = bits;
-    top |= uint32_t(bits != 0) << r;
-    nnz += uint32_t(popcount32(bits));
+  memcpy(bm, b.nz, sizeof bm);
+  for (int r = 0; r < 32; ++r) {
+    top |= uint32_t(bm[r] != 0) << r;
+    nnz += uint32_t(popcount32(bm[r]));
   }
   const uint32_t nb = uint32_t(popcount32(top)), size = stream_bytes(nb, nnz, wb);
   if (size >= raw) {
     memcpy(out, x, room < raw ? room : raw);
     return raw;
   }
-  alignas(64) uint8_t stage[kChunkWords * sizeof(U)];
-  uint8_t* s = room >= size ? out : stage;  // a stream cut by the budget is staged, then cut
+  uint32_t pos = 0;  // branch-free compaction, y order
+  for (int j = 0; j < T; ++j)
+    for (int k = 0; k < W; ++k) {
+      U v = a[k * T + j];
+      b.packed[pos] = v;
+      pos += v != 0;
+    }
+  uint8_t* s = room >= size ? out : b.stage;
   store<uint32_t>(s, top);
   uint8_t* p = s + 4;
   for (int r = 0; r < 32; ++r)
     if (bm[r]) store<uint32_t>(p, bm[r]), p += 4;
   const uint32_t data = data_offset(nb, wb);
   memset(p, 0, s + data - p);
-  p = s + data;
-  for (uint32_t r = 0; r < 32; ++r)
-    for (uint32_t bits = bm[r]; bits; bits &= bits - 1)
-      store<U>(p, a[B::row_index(32 * r + __builtin_ctz(bits))]), p += wb;
-  memset(p, 0, s + size - p);
-  if (s == stage) memcpy(out, stage, room);
+  memcpy(s + data, b.packed, nnz * wb);
+  memset(s + data + nnz * wb, 0, size - data - nnz * wb);
+  if (s == b.stage) memcpy(out, b.stage, room < size ? room : size);
   return size;
 }
 
@@ -273,8 +282,7 @@ inline uint32_t encode_chunk(const U* x, uint32_t m, uint32_t dim, uint8_t* out,
 template <typename U>
 inline Status decode_chunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
                            ChunkBuffers<U>& b) {
-  using B = ChunkBuffers<U>;
-  constexpr int W = B::W, T = B::T;
+  constexpr int W = ChunkBuffers<U>::W, T = ChunkBuffers<U>::T;
   constexpr uint32_t wb = sizeof(U);
   if (size == m * wb) {
     memcpy(x, s, size);
@@ -282,15 +290,24 @@ inline Status decode_chunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t
   }
   uint32_t top, nnz;
   if (Status st = parse_stream(s, size, wb, &top, &nnz)) return st;
+  uint32_t bm[32];
+  const uint8_t* p = s + 4;
+  for (int r = 0; r < 32; ++r)
+    if (top >> r & 1) bm[r] = load<uint32_t>(p), p += 4;
+    else bm[r] = 0;
+  memcpy(b.nz, bm, sizeof bm);
   U* a = b.a;
-  memset(a, 0, sizeof b.a);
-  const uint8_t* bitmap = s + 4;
-  const uint8_t* p = s + data_offset(uint32_t(popcount32(top)), wb);
-  for (uint32_t r = 0; r < 32; ++r) {
-    if (!(top >> r & 1)) continue;
-    uint32_t bits = load<uint32_t>(bitmap);
-    bitmap += 4;
-    for (; bits; bits &= bits - 1) a[B::row_index(32 * r + __builtin_ctz(bits))] = load<U>(p), p += wb;
+  if (nnz == 0) {
+    memset(a, 0, sizeof b.a);
+  } else {  // branch-free expansion; the read index stays inside the nnz stored words
+    const uint8_t* data = s + data_offset(uint32_t(popcount32(top)), wb);
+    uint32_t pos = 0, last = nnz - 1;
+    for (int j = 0; j < T; ++j)
+      for (int k = 0; k < W; ++k) {
+        U bit = U(b.nz[j] >> k & 1);
+        a[k * T + j] = U(load<U>(data + (pos < last ? pos : last) * wb) & U(0 - bit));
+        pos += uint32_t(bit);
+      }
   }
   // y = prefix sums of e: within each tile (rows), then carried across tiles.
   for (int k = 1; k < W; ++k)
@@ -301,14 +318,25 @@ inline Status decode_chunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t
   for (int k = 0; k < W; ++k)
     for (int j = 0; j < T; ++j) a[k * T + j] = U(a[k * T + j] + carry[j]);
   transpose_bits<U, T>(a);
-  for (int j = 0; j < T; ++j)
-    for (int k = 0; k < W; ++k) b.d[j * W + k] = a[k * T + j];
-  U pad = 0;
-  for (uint32_t i = m; i < kChunkWords; ++i) pad |= b.d[i];
-  if (pad) return kBadPadding;
-  const uint32_t lead = dim < m ? dim : m;
-  for (uint32_t i = 0; i < lead; ++i) x[i] = b.d[i];
-  for (uint32_t i = lead; i < m; ++i) x[i] = U(b.d[i] + x[i - dim]);
+  for (int j = 0; j < T; ++j) {  // undo step 1; words past m must be zero
+    const uint32_t i0 = uint32_t(j * W);
+    if (i0 >= dim && i0 + W <= m) {
+      if (dim == 1) {  // the common case, summed in a register, not through memory
+        U acc = x[i0 - 1];
+        for (int k = 0; k < W; ++k) x[i0 + k] = acc = U(acc + a[k * T + j]);
+      } else {
+        for (int k = 0; k < W; ++k) x[i0 + k] = U(a[k * T + j] + x[i0 + k - dim]);
+      }
+    } else {
+      for (uint32_t k = 0, i = i0; k < uint32_t(W); ++k, ++i) {
+        if (i >= m) {
+          if (a[k * T + j]) return kBadPadding;
+        } else {
+          x[i] = i >= dim ? U(a[k * T + j] + x[i - dim]) : a[k * T + j];
+        }
+      }
+    }
+  }
   return kOk;
 }
 

@@ -7,13 +7,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jaxhc import _native
 from jaxhc.codecs._base import Codec, Encoded, num_elements
 from jaxhc.codecs._identity import _check_payload
 
-_WORD = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 MAX_DIM = 64
 
 
@@ -67,8 +65,8 @@ class Mpc(Codec):
 
     def encode(self, x: jax.Array) -> Encoded:
         dtype = self.check_dtype(x.dtype)
-        words = lax.bitcast_convert_type(x.reshape(-1), _WORD[dtype.itemsize])
-        n = words.shape[0]
+        flat = x.reshape(-1)
+        n = flat.shape[0]
         if n == 0:
             raise ValueError("mpc cannot encode an empty array")
         capacity = self.payload_bytes(n, dtype)
@@ -81,28 +79,29 @@ class Mpc(Codec):
                 jax.ShapeDtypeStruct((scratch,), jnp.uint8),
             ),
             vmap_method="broadcast_all",
-        )(words, dim=self.dim)
+        )(flat, dim=self.dim)
         return Encoded(payload, nbytes <= capacity, nbytes)
 
     def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:
         dtype = self.check_dtype(dtype)
         n = num_elements(shape)
         _check_payload(self, payload, self.payload_bytes(n, dtype))
-        words, _ = decode_words(payload, n, dtype.itemsize, self.dim, strict=True)
-        return lax.bitcast_convert_type(words, dtype).reshape(shape)
+        flat, _ = decode_flat(payload, n, dtype, self.dim, strict=True)
+        return flat.reshape(shape)
 
 
-def decode_words(payload: jax.Array, n: int, word_bytes: int, dim: int, *, strict: bool):
-    """Decode MPC payloads (uint8[..., capacity]) into words (uint{16,32,64}[..., n]) and a status.
+def decode_flat(payload: jax.Array, n: int, dtype, dim: int, *, strict: bool):
+    """Decode MPC payloads (uint8[..., capacity]) into dtype[..., n] and a status (int32[...]).
 
-    status (int32[...]) is 0 for a good row; a malformed row decodes to zeros with a nonzero status
+    The codec moves bits only: ``dtype`` may be any 16, 32 or 64-bit int or float type.
+    The status is 0 for a good row; a malformed row decodes to zeros with a nonzero status
     (see ``Status`` in ffi/core/mpc.h). With ``strict`` the CPU decoder also raises for the first
     bad row; the CUDA decoder never raises, it only reports the status.
     """
     return jax.ffi.ffi_call(
         "jaxhc_mpc_decode",
         (
-            jax.ShapeDtypeStruct((n,), _WORD[word_bytes]),
+            jax.ShapeDtypeStruct((n,), dtype),
             jax.ShapeDtypeStruct((), jnp.int32),
         ),
         vmap_method="broadcast_all",
