@@ -87,7 +87,7 @@ inline const char* status_message(int32_t s) {
     case kBadCount: return "payload word count differs from the output size";
     case kBadUsed: return "payload size field exceeds the capacity or disagrees with its chunk table";
     case kBadTable: return "chunk table is corrupt (offsets out of order, misaligned or too large)";
-    case kBadStream: return "chunk stream is malformed (bitmaps disagree with its size)";
+    case kBadStream: return "chunk stream is malformed (its bitmaps disagree with its size or words)";
     case kBadPadding: return "chunk stream has nonzero padding";
     default: return "unknown status";
   }
@@ -301,13 +301,15 @@ inline Status decode_chunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t
     memset(a, 0, sizeof b.a);
   } else {  // branch-free expansion; the read index stays inside the nnz stored words
     const uint8_t* data = s + data_offset(uint32_t(popcount32(top)), wb);
-    uint32_t pos = 0, last = nnz - 1;
+    uint32_t pos = 0, last = nnz - 1, zero = 0;
     for (int j = 0; j < T; ++j)
       for (int k = 0; k < W; ++k) {
-        U bit = U(b.nz[j] >> k & 1);
-        a[k * T + j] = U(load<U>(data + (pos < last ? pos : last) * wb) & U(0 - bit));
+        U bit = U(b.nz[j] >> k & 1), v = load<U>(data + (pos < last ? pos : last) * wb);
+        a[k * T + j] = U(v & U(0 - bit));
+        zero |= uint32_t(bit) & uint32_t(v == 0);
         pos += uint32_t(bit);
       }
+    if (zero) return kBadStream;  // the bitmap promised a nonzero word
   }
   // y = prefix sums of e: within each tile (rows), then carried across tiles.
   for (int k = 1; k < W; ++k)

@@ -22,9 +22,9 @@ class Mpc(Codec):
     Pipeline per chunk of 1024 words: subtract the word ``dim`` positions earlier, transpose bits,
     subtract the previous word, drop zero words (a one-bit-per-word bitmap keeps their places).
     The compressed size depends on the data, but XLA needs a static one: the payload has room for
-    ``budget`` x raw bytes (``budget=None``: the worst case, so every input fits). ``Encoded.ok`` says
-    whether the data fit; a payload that did not fit must not be decoded. A malformed payload makes
-    ``decode`` raise on CPU; on CUDA it decodes to zeros (errors cannot leave the stream there).
+    ``budget`` x raw bytes (``budget=None``: the worst case, so every input fits). ``Encoded.ok``
+    says whether the data fit; a payload that did not fit must not be decoded. A malformed payload
+    makes ``decode`` raise on CPU; on CUDA it decodes to zeros (errors cannot leave the stream).
 
     >>> import jax.numpy as jnp
     >>> from jaxhc.codecs import Mpc
@@ -41,11 +41,18 @@ class Mpc(Codec):
     lossless = True
 
     def __post_init__(self):
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or not 1 <= self.dim <= MAX_DIM:
+        if (
+            isinstance(self.dim, bool)
+            or not isinstance(self.dim, int)
+            or not 1 <= self.dim <= MAX_DIM
+        ):
             raise ValueError(f"mpc dim {self.dim!r} must be an integer in 1..{MAX_DIM}")
         b = self.budget
         if b is not None and (
-            isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b <= 2 or math.isnan(b)
+            isinstance(b, bool)
+            or not isinstance(b, (int, float))
+            or not 0 < b <= 2
+            or math.isnan(b)
         ):
             raise ValueError(f"mpc budget {b!r} must be a fraction of the raw size in (0, 2]")
 
