@@ -27,6 +27,7 @@
 //   table are complete, the streams are cut at capacity, and the payload must not be decoded.
 #pragma once
 #include <cstring>
+#include <string>
 
 #include "core/common.h"
 
@@ -62,6 +63,22 @@ JAXHC_HD uint64_t scratch_bytes(uint64_t n, uint32_t word_bytes) {
 JAXHC_HD uint32_t data_offset(uint32_t nb, uint32_t wb) { return uint32_t(align_up(4 + 4 * nb, wb)); }
 JAXHC_HD uint32_t stream_bytes(uint32_t nb, uint32_t nnz, uint32_t wb) {
   return uint32_t(align_up(data_offset(nb, wb) + uint64_t(nnz) * wb, stream_align(wb)));
+}
+
+// The handlers' checks of an item of n words, the dim attribute and the payload capacity; an
+// empty string when they are fine, else the reason.
+inline std::string check_sizes(uint64_t n, uint32_t wb, int64_t dim, uint64_t capacity) {
+  if (wb != 2 && wb != 4 && wb != 8) return "elements must be 16, 32 or 64-bit ints or floats";
+  if (n == 0) return "cannot code an empty item";
+  if (max_payload_bytes(n, wb) > 0x7FFFFFFFu)
+    return std::to_string(n) + " words exceed the 2 GiB payload limit";
+  if (dim < 1 || dim > int64_t(kMaxDim))
+    return "dim " + std::to_string(dim) + " is outside 1.." + std::to_string(kMaxDim);
+  if (capacity < header_bytes(n, wb) || capacity % 8)
+    return "payload capacity " + std::to_string(capacity) +
+           " must be a multiple of 8 and at least the header size " +
+           std::to_string(header_bytes(n, wb));
+  return "";
 }
 
 // Decode outcome of one payload; the CUDA decoder returns it per row, the CPU decoder raises it.

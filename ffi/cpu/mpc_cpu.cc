@@ -72,20 +72,9 @@ uint32_t WordBytes(ffi::DataType t) {
   }
 }
 
-// Checks the word count, dim and payload capacity shared by encode and decode.
 ffi::Error CheckCommon(const char* op, uint64_t n, uint32_t wb, int64_t dim, uint64_t capacity) {
-  std::string o = op;
-  if (!wb) return Invalid(o + ": elements must be 16, 32 or 64-bit ints or floats");
-  if (n == 0) return Invalid(o + ": cannot code an empty item");
-  if (max_payload_bytes(n, wb) > uint64_t(std::numeric_limits<int32_t>::max()))
-    return Invalid(o + ": " + std::to_string(n) + " words exceed the 2 GiB payload limit");
-  if (dim < 1 || dim > int64_t(kMaxDim))
-    return Invalid(o + ": dim " + std::to_string(dim) + " is outside 1.." + std::to_string(kMaxDim));
-  if (capacity < header_bytes(n, wb) || capacity % 8)
-    return Invalid(o + ": payload capacity " + std::to_string(capacity) +
-                   " must be a multiple of 8 and at least the header size " +
-                   std::to_string(header_bytes(n, wb)));
-  return ffi::Error::Success();
+  std::string why = check_sizes(n, wb, dim, capacity);
+  return why.empty() ? ffi::Error::Success() : Invalid(std::string(op) + ": " + why);
 }
 
 // Contiguous runs of chunks [begin(p), begin(p + 1)) for `parts` threads.
