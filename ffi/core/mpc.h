@@ -228,7 +228,7 @@ template <typename U>
 struct ChunkBuffers {
   static constexpr int W = sizeof(U) * 8, T = kChunkWords / W;
   alignas(64) U a[kChunkWords];           // rows
-  alignas(64) U packed[kChunkWords];      // the nonzero words, in stream order
+  alignas(64) U packed[kChunkWords + 1];  // the nonzero words, in stream order
   alignas(64) U nz[T];                    // bit b of nz[j]: e of plane b of tile j is nonzero; as
                                           // bytes, exactly the 32 bitmap words
   alignas(64) uint8_t stage[kChunkWords * sizeof(U)];  // a stream cut short by the budget
@@ -236,8 +236,14 @@ struct ChunkBuffers {
 
 // Encodes the chunk x[0, m) and writes its first min(stream size, room) bytes to out.
 // Returns the stream size (<= m * sizeof(U)).
+#if defined(__GNUC__)
+#define JAXHC_INLINE inline __attribute__((always_inline))  // into each CPU target clone
+#else
+#define JAXHC_INLINE inline
+#endif
+
 template <typename U>
-inline uint32_t encode_chunk(const U* x, uint32_t m, uint32_t dim, uint8_t* out, uint64_t room,
+JAXHC_INLINE uint32_t encode_chunk(const U* x, uint32_t m, uint32_t dim, uint8_t* out, uint64_t room,
                              ChunkBuffers<U>& b) {
   constexpr int W = ChunkBuffers<U>::W, T = ChunkBuffers<U>::T;
   constexpr uint32_t wb = sizeof(U);
@@ -297,7 +303,7 @@ inline uint32_t encode_chunk(const U* x, uint32_t m, uint32_t dim, uint8_t* out,
 
 // Decodes chunk stream s (size bytes, already located) into x[0, m).
 template <typename U>
-inline Status decode_chunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
+JAXHC_INLINE Status decode_chunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
                            ChunkBuffers<U>& b) {
   constexpr int W = ChunkBuffers<U>::W, T = ChunkBuffers<U>::T;
   constexpr uint32_t wb = sizeof(U);
@@ -314,20 +320,22 @@ inline Status decode_chunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t
     else bm[r] = 0;
   memcpy(b.nz, bm, sizeof bm);
   U* a = b.a;
-  if (nnz == 0) {
-    memset(a, 0, sizeof b.a);
-  } else {  // branch-free expansion; the read index stays inside the nnz stored words
-    const uint8_t* data = s + data_offset(uint32_t(popcount32(top)), wb);
-    uint32_t pos = 0, last = nnz - 1, zero = 0;
-    for (int j = 0; j < T; ++j)
-      for (int k = 0; k < W; ++k) {
-        U bit = U(b.nz[j] >> k & 1), v = load<U>(data + (pos < last ? pos : last) * wb);
-        a[k * T + j] = U(v & U(0 - bit));
-        zero |= uint32_t(bit) & uint32_t(v == 0);
-        pos += uint32_t(bit);
-      }
-    if (zero) return kBadStream;  // the bitmap promised a nonzero word
+  // Branch-free expansion from a local copy of the stored words (with a spare slot, so the read
+  // after the last one stays inside); then every stored word must have come out nonzero.
+  memcpy(b.packed, s + data_offset(uint32_t(popcount32(top)), wb), nnz * wb);
+  b.packed[nnz] = 0;
+  uint32_t pos = 0;
+  for (int j = 0; j < T; ++j) {
+    U bits = b.nz[j];
+    for (int k = 0; k < W; ++k, bits >>= 1) {
+      U bit = U(bits & 1);
+      a[k * T + j] = U(b.packed[pos] & U(0 - bit));
+      pos += uint32_t(bit);
+    }
   }
+  uint32_t nonzero = 0;
+  for (uint32_t i = 0; i < kChunkWords; ++i) nonzero += a[i] != 0;
+  if (nonzero != nnz) return kBadStream;  // the bitmap promised a nonzero word
   // y = prefix sums of e: within each tile (rows), then carried across tiles.
   for (int k = 1; k < W; ++k)
     for (int j = 0; j < T; ++j) a[k * T + j] = U(a[k * T + j] + a[(k - 1) * T + j]);

@@ -39,6 +39,26 @@ void PreferHugePages(void* data, size_t bytes) {
 #endif
 }
 
+// The chunk codec is compiled twice, for x86-64-v3 (AVX2, BMI, POPCNT: ~30% faster here) and for
+// the baseline the module targets; the loader picks one per CPU (GCC function multiversioning).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define JAXHC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define JAXHC_CLONES
+#endif
+
+template <typename U>
+JAXHC_CLONES uint32_t EncodeChunk(const U* x, uint32_t m, uint32_t dim, uint8_t* out,
+                                  uint64_t room, ChunkBuffers<U>& b) {
+  return encode_chunk<U>(x, m, dim, out, room, b);
+}
+
+template <typename U>
+JAXHC_CLONES Status DecodeChunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
+                                ChunkBuffers<U>& b) {
+  return decode_chunk<U>(s, size, m, dim, x, b);
+}
+
 // rows = product of the leading dimensions, last = the item dimension.
 struct Rows {
   size_t rows = 1;
@@ -118,7 +138,7 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
       uint64_t lim = p ? std::numeric_limits<uint64_t>::max() : room, pos = 0;
       for (uint64_t c = runs.begin(p); c < runs.begin(p + 1); ++c) {
         uint64_t left = pos < lim ? lim - pos : 0;
-        uint32_t size = encode_chunk<U>(x + c * kChunkWords, chunk_words(n, c), dim,
+        uint32_t size = EncodeChunk<U>(x + c * kChunkWords, chunk_words(n, c), dim,
                                         left ? dst + pos : dst, left, buf);
         store<uint32_t>(table + 4 * c, size);
         pos += size;
@@ -167,7 +187,7 @@ Failure DecodeRow(const uint8_t* payload, uint64_t capacity, uint64_t n, uint32_
         uint32_t begin, size;
         Status st = locate_chunk(payload, uint32_t(n), wb, c, &begin, &size);
         if (!st)
-          st = decode_chunk<U>(streams + begin, size, chunk_words(n, c), dim,
+          st = DecodeChunk<U>(streams + begin, size, chunk_words(n, c), dim,
                                x + c * kChunkWords, buf);
         if (st) {
           fail[p] = {st, int64_t(c)};
