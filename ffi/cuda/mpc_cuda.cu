@@ -32,8 +32,9 @@ constexpr int kShWords = kChunkWords + kChunkWords / 32;
 
 __device__ __forceinline__ unsigned LanesBelow(int lane) { return (1u << lane) - 1; }
 
-// Loads this warp's tiles of `sh` (tile j = words jW..jW+W-1, f gives word i), transposes them,
-// and stores them back through g(j, reg). Lane l owns tiles l, l + 32, ...
+// Reads the words of each of this lane's tiles through f(i) (tile j = words jW..jW+W-1),
+// transposes each tile's bits, and writes word k of tile j's result through g(jW + k, word), after
+// every lane has read. Lane l owns tiles l, l + 32, ...
 template <typename U, typename Load, typename Store>
 __device__ void TransposeTiles(int lane, Load f, Store g) {
   constexpr int W = sizeof(U) * 8, T = kChunkWords / W, kTiles = (T + 31) / 32;
@@ -96,7 +97,8 @@ __global__ void EncodeChunks(const U* x, uint64_t rows, uint64_t n, uint32_t dim
     nnz += uint32_t(__popc(bm));
   }
   const uint32_t nb = uint32_t(__popc(top)), size = stream_bytes(nb, nnz, wb), raw = m * wb;
-  if (lane == 0) store<uint32_t>(payload + row * capacity + kFixedHeader + 4 * c, size >= raw ? raw : size);
+  if (lane == 0)
+    store<uint32_t>(payload + row * capacity + kFixedHeader + 4 * c, size >= raw ? raw : size);
   if (size >= raw) {
     for (uint32_t i = lane; i < m; i += 32) store<U>(dst + i * wb, xc[i]);
     return;
@@ -160,7 +162,8 @@ __global__ void PlaceStreams(uint64_t rows, uint64_t n, uint32_t wb, uint8_t* pa
   const uint64_t len = end - start < room - start ? end - start : room - start;  // even
   const uint8_t* src = scratch + row * sbytes + c * kChunkWords * wb;
   uint8_t* dst = p + head + start;  // 4-aligned: streams are 4-aligned, room a multiple of 8
-  for (uint64_t i = 4 * lane; i + 4 <= len; i += 128) store<uint32_t>(dst + i, load<uint32_t>(src + i));
+  for (uint64_t i = 4 * lane; i + 4 <= len; i += 128)
+    store<uint32_t>(dst + i, load<uint32_t>(src + i));
   if (len % 4 && lane == 0) store<uint16_t>(dst + len - 2, load<uint16_t>(src + len - 2));
 }
 
@@ -198,14 +201,16 @@ __global__ void DecodeChunks(const uint8_t* payload, uint64_t rows, uint64_t cap
   uint32_t begin, size, top, nnz;
   Status s = check_header(p, capacity, uint32_t(n), wb, dim);
   if (s) return lane == 0 ? Fail(st, -1, s) : void();
-  if ((s = locate_chunk(p, uint32_t(n), wb, c, &begin, &size))) return lane == 0 ? Fail(st, c, s) : void();
+  if ((s = locate_chunk(p, uint32_t(n), wb, c, &begin, &size)))
+    return lane == 0 ? Fail(st, c, s) : void();
   const uint8_t* src = p + header_bytes(n, wb) + begin;
   if (size == m * wb) {
     for (uint32_t i = lane; i < m; i += 32) xc[i] = load<U>(src + i * wb);
     return;
   }
   if ((s = parse_stream(src, size, wb, &top, &nnz))) return lane == 0 ? Fail(st, c, s) : void();
-  const uint32_t mine = top >> lane & 1 ? load<uint32_t>(src + 4 + 4 * __popc(top & LanesBelow(lane))) : 0;
+  const uint32_t mine =
+      top >> lane & 1 ? load<uint32_t>(src + 4 + 4 * __popc(top & LanesBelow(lane))) : 0;
   const uint8_t* data = src + data_offset(uint32_t(__popc(top)), wb);
   // expand e[32 r + lane] and take its prefix sum y, group by group
   U carry = 0;
@@ -287,8 +292,7 @@ uint32_t WordBytes(ffi::DataType t) {
   }
 }
 
-// rows x last of a buffer; `like` (if given) must have the same leading dims, with an item dim
-// when `item` is set.
+// rows (product of the leading dims) and last dim of a buffer; false without dims.
 bool Rows(ffi::AnyBuffer::Dimensions d, uint64_t* rows, uint64_t* last) {
   if (d.size() == 0) return false;
   *rows = 1;
@@ -297,6 +301,7 @@ bool Rows(ffi::AnyBuffer::Dimensions d, uint64_t* rows, uint64_t* last) {
   return true;
 }
 
+// True when `b` has the leading dimensions of `a`, plus an item dimension when `item` is set.
 bool SameBatch(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b, bool item) {
   if (a.size() == 0 || b.size() != a.size() - (item ? 0 : 1)) return false;
   for (size_t i = 0; i + 1 < a.size(); ++i)
@@ -332,7 +337,8 @@ ffi::Error Encode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuf
   const uint32_t wb = WordBytes(x.element_type());
   if (!Rows(x.dimensions(), &rows, &n) || !Rows(payload->dimensions(), &prow, &cap))
     return Invalid("encode: x and payload need an item dimension");
-  if (std::string why = check_sizes(n, wb, dim, cap); !why.empty()) return Invalid("encode: " + why);
+  if (std::string why = check_sizes(n, wb, dim, cap); !why.empty())
+    return Invalid("encode: " + why);
   if (payload->element_type() != ffi::DataType::U8 ||
       !SameBatch(x.dimensions(), payload->dimensions(), true))
     return Invalid("encode: payload must be uint8 with the batch dimensions of x");
@@ -340,7 +346,8 @@ ffi::Error Encode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuf
     return Invalid("encode: nbytes must be int32 with the batch dimensions of x");
   if (!Rows(scratch->dimensions(), &srow, &sb) ||
       !SameBatch(x.dimensions(), scratch->dimensions(), true) || sb != scratch_bytes(n, wb))
-    return Invalid("encode: scratch must be uint8[..., " + std::to_string(scratch_bytes(n, wb)) + "]");
+    return Invalid("encode: scratch must be uint8[..., " + std::to_string(scratch_bytes(n, wb)) +
+                   "]");
   if (rows == 0) return ffi::Error::Success();
   uint8_t* p = static_cast<uint8_t*>(payload->untyped_data());
   int32_t* nb = nbytes->typed_data();
@@ -372,7 +379,8 @@ ffi::Error Decode(cudaStream_t stream, ffi::AnyBuffer payload, ffi::Result<ffi::
   const uint32_t wb = WordBytes(x->element_type());
   if (!Rows(x->dimensions(), &rows, &n) || !Rows(payload.dimensions(), &prow, &cap))
     return Invalid("decode: x and payload need an item dimension");
-  if (std::string why = check_sizes(n, wb, dim, cap); !why.empty()) return Invalid("decode: " + why);
+  if (std::string why = check_sizes(n, wb, dim, cap); !why.empty())
+    return Invalid("decode: " + why);
   if (payload.element_type() != ffi::DataType::U8 ||
       !SameBatch(x->dimensions(), payload.dimensions(), true))
     return Invalid("decode: payload must be uint8 with the batch dimensions of x");
