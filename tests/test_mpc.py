@@ -168,6 +168,36 @@ def test_budget(device):
     assert np.asarray(status).tolist() == [BAD_USED, OK, BAD_USED]
 
 
+def test_large_row_split_across_threads(device):
+    # 400k words = 391 chunks: the CPU encoder splits the row over its threads (first run in
+    # place, later runs through scratch); budgets cut it inside the first run and after it.
+    n = 400_000
+    x = np.cumsum(np.random.default_rng(7).normal(size=n)).astype(np.float32)
+    xd = jax.device_put(x, device)
+    full = jax.jit(Mpc().encode)(xd)
+    used = int(full.nbytes)
+    assert used < 0.8 * x.nbytes
+    y = jax.jit(lambda p: Mpc().decode(p, (n,), jnp.float32))(full.payload)
+    np.testing.assert_array_equal(bits(y), bits(x))
+    for frac in (0.2, 0.75):
+        codec = Mpc(budget=frac * used / x.nbytes)
+        enc = jax.jit(codec.encode)(xd)
+        cap = enc.payload.shape[0]
+        assert not bool(enc.ok) and int(enc.nbytes) == used
+        np.testing.assert_array_equal(np.asarray(enc.payload), np.asarray(full.payload)[:cap])
+    # two bad chunks, one in each half: the lower one is reported
+    p = np.asarray(full.payload).copy()
+    head = _native.cpu.mpc_header_bytes(n, 4)
+    ends = p[16 : 16 + 4 * 391].view(np.uint32)
+    for c in (300, 10):
+        p[head + ends[c - 1]] ^= 0x40  # top word: its bitmap count no longer fits the size
+    _, st = jax.jit(lambda q: decode_flat(q, n, jnp.float32, 1, strict=False))(p)
+    assert int(st) == BAD_STREAM
+    if device.platform == "cpu":
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"row 0, chunk 10: chunk stream"):
+            jax.jit(lambda q: Mpc().decode(q, (n,), jnp.float32))(p).block_until_ready()
+
+
 def test_jit_vmap_match_single_rows(device):
     rng = np.random.default_rng(2)
     x = jax.device_put(patterns(jnp.bfloat16, 1500, rng), device)
