@@ -35,12 +35,19 @@ def gpt_params(key, vocab=4096, d=256, layers=4, ctx=128):
     p = {"wte": normal((vocab, d)), "wpe": normal((ctx, d), 0.01)}
     for i in range(layers):
         p[f"h{i}"] = {
-            "ln1_g": jnp.ones(d), "ln1_b": jnp.zeros(d), "ln2_g": jnp.ones(d), "ln2_b": jnp.zeros(d),
-            "attn_w": normal((d, 3 * d)), "attn_b": jnp.zeros(3 * d),
-            "attn_proj": normal((d, d), proj), "attn_proj_b": jnp.zeros(d),
-            "fc": normal((d, 4 * d)), "fc_b": jnp.zeros(4 * d),
-            "fc_proj": normal((4 * d, d), proj), "fc_proj_b": jnp.zeros(d),
-        }  # fmt: skip
+            "ln1_g": jnp.ones(d),
+            "ln1_b": jnp.zeros(d),
+            "attn_w": normal((d, 3 * d)),
+            "attn_b": jnp.zeros(3 * d),
+            "attn_proj": normal((d, d), proj),
+            "attn_proj_b": jnp.zeros(d),
+            "ln2_g": jnp.ones(d),
+            "ln2_b": jnp.zeros(d),
+            "fc": normal((d, 4 * d)),
+            "fc_b": jnp.zeros(4 * d),
+            "fc_proj": normal((4 * d, d), proj),
+            "fc_proj_b": jnp.zeros(d),
+        }
     p["lnf_g"], p["lnf_b"] = jnp.ones(d), jnp.zeros(d)
     return p
 
