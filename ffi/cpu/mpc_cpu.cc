@@ -1,6 +1,6 @@
 // CPU XLA FFI handlers of the MPC codec (contract in cpu/handlers.h). Small rows of a batch run on
-// separate threads; a large row is cut into contiguous runs of chunks, one per thread. The first
-// run is written in place, later runs into the scratch result, and then moved behind it.
+// separate threads; a large row is cut into contiguous runs of chunks, one per thread, each then
+// moved behind the run before it (see EncodeRow).
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -130,16 +130,24 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
   const Runs runs{chunk_count(n), parts};
   const uint64_t head = header_bytes(n, wb), room = capacity - head;
   uint8_t* table = payload + kFixedHeader;
+  // Run p > 0 is written at its worst-case offset: inside the payload when that fits (no budget:
+  // the scratch pages are then never touched), else in the scratch. Run 0 writes in place; no run
+  // exceeds its worst case, so none overlaps another.
+  std::vector<uint8_t*> at(parts);
+  for (size_t p = 0; p < parts; ++p) {
+    const uint64_t worst_begin = runs.begin(p) * kChunkWords * wb;
+    const uint64_t worst_end = std::min<uint64_t>(runs.begin(p + 1) * kChunkWords, n) * wb;
+    at[p] = (p == 0 || worst_end <= room ? payload + head : scratch) + worst_begin;
+  }
   std::vector<uint64_t> total(parts);
   parallel_for(parts, 1, [&](size_t pb, size_t pe) {
     ChunkBuffers<U> buf;
     for (size_t p = pb; p < pe; ++p) {
-      uint8_t* dst = p ? scratch + runs.begin(p) * kChunkWords * wb : payload + head;
       uint64_t lim = p ? std::numeric_limits<uint64_t>::max() : room, pos = 0;
       for (uint64_t c = runs.begin(p); c < runs.begin(p + 1); ++c) {
         uint64_t left = pos < lim ? lim - pos : 0;
         uint32_t size = EncodeChunk<U>(x + c * kChunkWords, chunk_words(n, c), dim,
-                                        left ? dst + pos : dst, left, buf);
+                                       left ? at[p] + pos : at[p], left, buf);
         store<uint32_t>(table + 4 * c, size);
         pos += size;
       }
@@ -151,13 +159,13 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
     end += load<uint32_t>(table + 4 * c);
     store<uint32_t>(table + 4 * c, end);
   }
+  // Move runs p > 0 behind the run before; a destination never reaches a later run's source.
   std::vector<uint64_t> start(parts + 1, 0);
   for (size_t p = 0; p < parts; ++p) start[p + 1] = start[p] + total[p];
   parallel_for(parts - 1, 1, [&](size_t pb, size_t pe) {
     for (size_t p = pb + 1; p < pe + 1; ++p)
       if (start[p] < room)
-        memcpy(payload + head + start[p], scratch + runs.begin(p) * kChunkWords * wb,
-               std::min(total[p], room - start[p]));
+        memmove(payload + head + start[p], at[p], std::min(total[p], room - start[p]));
   });
   memset(payload + kFixedHeader + 4 * runs.nchunks, 0, head - kFixedHeader - 4 * runs.nchunks);
   const uint64_t used = head + end;
