@@ -1,5 +1,21 @@
 // ZFP fixed-rate 1-D codec core (float32/float64), host and device code.
+//
+// The stream is the one zfp 1.0.1 writes for a 1-D array in fixed-rate mode (zfpy.compress_numpy(x,
+// rate=R, write_header=False)): 64-bit little-endian words filled LSB first; block b of 4 values
+// occupies exactly maxbits bits from bit b * maxbits; the stream is zero-padded to a whole word.
+// A block is: one bit "nonzero"; if set, the biased common exponent (EBITS bits), then the
+// coefficients of the block-floating-point integers after zfp's lifting transform, in negabinary,
+// coded bit plane by bit plane with group tests, truncated or zero-padded to maxbits.
+//
+// Everything that must agree with zfp bit for bit works on the bits of the values (exponents,
+// mantissa shifts), never on float arithmetic that could see a subnormal: XLA:CPU runs handlers with
+// denormals flushed to zero, and zfp itself does not. The few cases where zfp relies on undefined C
+// behaviour (a scale factor that overflows to inf, NaN or inf cast to an integer) are reproduced as
+// x86-64 executes them (the integer becomes INT_MIN), so CPU and GPU write the same stream as zfpy.
 #pragma once
+#include <cstring>
+#include <string>
+
 #include "core/common.h"
 
 namespace jaxhc {
@@ -9,6 +25,519 @@ namespace zfp {
 JAXHC_HD uint64_t payload_bytes(uint64_t n, uint32_t maxbits) {
   uint64_t bits = ((n + 3) / 4) * maxbits;
   return ((bits + 63) / 64) * 8;
+}
+
+template <typename Scalar>
+struct Traits;
+
+template <>
+struct Traits<float> {
+  using Int = int32_t;
+  using UInt = uint32_t;
+  static constexpr int kEbits = 8, kEbias = 127, kMantBits = 23;
+};
+
+template <>
+struct Traits<double> {
+  using Int = int64_t;
+  using UInt = uint64_t;
+  static constexpr int kEbits = 11, kEbias = 1023, kMantBits = 52;
+};
+
+// Constants of the format derived from the scalar type.
+template <typename Scalar>
+struct Format : Traits<Scalar> {
+  using T = Traits<Scalar>;
+  using UInt = typename T::UInt;
+  static constexpr int kIntPrec = 8 * sizeof(Scalar);  // bits of the block-floating-point integers
+  static constexpr int kMinBits = 1 + T::kEbits;       // a block holds at least its exponent
+  static constexpr int kMaxBits = 4 * kIntPrec;        // ... and never more than 4 full integers
+  static constexpr int kWords = kMaxBits / 64;         // 64-bit words of one block's bits, at most
+  static constexpr int kMinSubExp = 1 - T::kEbias - T::kMantBits;  // exponent of the smallest subnormal
+  static constexpr UInt kSign = UInt(1) << (kIntPrec - 1);  // also INT_MIN as two's complement
+  static constexpr UInt kInf = UInt(2 * T::kEbias + 1) << T::kMantBits;
+  static constexpr UInt kMant = (UInt(1) << T::kMantBits) - 1;
+  static constexpr UInt kNbMask = UInt(0xaaaaaaaaaaaaaaaaull);  // negabinary mask
+};
+
+template <typename Scalar>
+JAXHC_HD bool valid_maxbits(int64_t maxbits) {
+  return maxbits >= Format<Scalar>::kMinBits && maxbits <= Format<Scalar>::kMaxBits;
+}
+
+namespace detail {
+
+template <typename Scalar>
+JAXHC_HD typename Traits<Scalar>::UInt to_bits(Scalar x) {
+  typename Traits<Scalar>::UInt u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+template <typename Scalar>
+JAXHC_HD Scalar from_bits(typename Traits<Scalar>::UInt u) {
+  Scalar x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+JAXHC_HD int clz(uint32_t x) { return clz32(x); }
+JAXHC_HD int clz(uint64_t x) { return clz64(x); }
+
+JAXHC_HD int ctz64(uint64_t x) {  // x != 0
+#if defined(__CUDA_ARCH__)
+  return __ffsll(static_cast<long long>(x)) - 1;
+#else
+  return __builtin_ctzll(x);
+#endif
+}
+
+JAXHC_HD uint64_t bswap64(uint64_t x) {
+#if defined(__CUDA_ARCH__)
+  uint32_t lo = __byte_perm(static_cast<uint32_t>(x), 0, 0x0123);
+  uint32_t hi = __byte_perm(static_cast<uint32_t>(x >> 32), 0, 0x0123);
+  return (static_cast<uint64_t>(lo) << 32) | hi;
+#else
+  return __builtin_bswap64(x);
+#endif
+}
+
+JAXHC_HD int min_int(int a, int b) { return a < b ? a : b; }
+
+JAXHC_HD uint64_t low_bits(uint64_t v, int n) { return n >= 64 ? v : v & ((uint64_t{1} << n) - 1); }
+
+// Bits [pos, pos + n) of a bit buffer, 0 < n <= 64; reads no word past the one holding bit pos+n-1.
+JAXHC_HD uint64_t get_bits(const uint64_t* w, int pos, int n) {
+  int q = pos >> 6, s = pos & 63;
+  uint64_t v = w[q] >> s;
+  if (s && s + n > 64) v |= w[q + 1] << (64 - s);
+  return low_bits(v, n);
+}
+
+// ORs the n low bits of v (no bits above them set) into a bit buffer at pos.
+JAXHC_HD void put_bits(uint64_t* w, int pos, uint64_t v, int n) {
+  int q = pos >> 6, s = pos & 63;
+  w[q] |= v << s;
+  if (s && s + n > 64) w[q + 1] |= v >> (64 - s);
+}
+
+// Exchanges the bits selected by mask with the bits d positions above them.
+JAXHC_HD uint64_t delta_swap(uint64_t x, int d, uint64_t mask) {
+  uint64_t t = ((x >> d) ^ x) & mask;
+  return x ^ t ^ (t << d);
+}
+
+// Bit j of row i (bits 16i..16i+15) moves to bit 4j + i: a 4x16 bit matrix transposed, i.e. the six
+// index bits rotated left by two, done as four index-bit swaps (2,0) (3,1) (4,0) (5,1).
+JAXHC_HD uint64_t transpose_4x16(uint64_t m) {
+  m = delta_swap(m, 3, 0x0a0a0a0a0a0a0a0aull);
+  m = delta_swap(m, 6, 0x00cc00cc00cc00ccull);
+  m = delta_swap(m, 15, 0x0000aaaa0000aaaaull);
+  return delta_swap(m, 30, 0x00000000ccccccccull);
+}
+
+JAXHC_HD uint64_t transpose_16x4(uint64_t m) {  // the inverse: the same swaps in reverse order
+  m = delta_swap(m, 30, 0x00000000ccccccccull);
+  m = delta_swap(m, 15, 0x0000aaaa0000aaaaull);
+  m = delta_swap(m, 6, 0x00cc00cc00cc00ccull);
+  return delta_swap(m, 3, 0x0a0a0a0a0a0a0a0aull);
+}
+
+JAXHC_HD uint64_t reverse_nibbles(uint64_t x) {
+  x = bswap64(x);
+  return ((x >> 4) & 0x0f0f0f0f0f0f0f0full) | ((x & 0x0f0f0f0f0f0f0f0full) << 4);
+}
+
+// The 16 bit planes k, k-1, ..., k-15 of the four coefficients as they follow each other in the
+// stream when sent verbatim: nibble j holds plane k - j, coefficient i in bit i of the nibble.
+// Planes below 0 read as zero.
+template <typename UInt>
+JAXHC_HD uint64_t plane_window(const UInt* u, int k) {
+  constexpr int prec = 8 * sizeof(UInt);
+  uint64_t m = 0;
+  for (int i = 0; i < 4; i++)
+    m |= static_cast<uint64_t>(static_cast<UInt>(u[i] << (prec - 1 - k)) >> (prec - 16)) << (16 * i);
+  return reverse_nibbles(transpose_4x16(m));
+}
+
+// The inverse of plane_window: ORs the planes held in w into the coefficients.
+template <typename UInt>
+JAXHC_HD void deposit_window(UInt* u, int k, uint64_t w) {
+  constexpr int prec = 8 * sizeof(UInt);
+  uint64_t m = transpose_16x4(reverse_nibbles(w));
+  for (int i = 0; i < 4; i++)
+    u[i] |= static_cast<UInt>(static_cast<UInt>((m >> (16 * i)) & 0xffff) << (prec - 16)) >> (prec - 1 - k);
+}
+
+// The code of one bit plane x (bit i = coefficient i) when the first n coefficients are already
+// significant: their n bits verbatim, then for the rest a group test (any one-bit left?) and, if
+// so, a unary scan to the next one-bit (the last position's one-bit is implied), repeated.
+// For decoding, bits is the code in the stream and the plane is read into bits.
+struct Plane {
+  uint32_t bits;
+  int len;  // code length
+  int n;    // significant coefficients after this plane
+};
+
+JAXHC_HD constexpr Plane encode_plane(int n, uint32_t x) {
+  Plane p{x & ((1u << n) - 1), n, n};
+  x >>= n;
+  while (p.n < 4) {
+    if (!x) {  // negative group test: the rest of the plane is zero
+      p.len++;
+      break;
+    }
+    p.bits |= 1u << p.len++;
+    for (; p.n < 3; x >>= 1, p.n++) {
+      bool one = x & 1;
+      p.bits |= static_cast<uint32_t>(one) << p.len++;
+      if (one) break;
+    }
+    x >>= 1;
+    p.n++;
+  }
+  return p;
+}
+
+// Decodes one plane from the stream bits s with budget bits left, stopping where zfp stops when
+// the budget runs out mid-plane (then the scanned position is taken as the one-bit).
+JAXHC_HD constexpr Plane decode_plane(int n, uint64_t s, int budget) {
+  int m = n < budget ? n : budget;
+  Plane p{static_cast<uint32_t>(s & ((1u << m) - 1)), m, n};
+  budget -= m;
+  while (budget && p.n < 4) {
+    budget--;
+    if (!((s >> p.len++) & 1)) break;  // negative group test
+    for (; budget && p.n < 3; p.n++) {
+      budget--;
+      if ((s >> p.len++) & 1) break;
+    }
+    p.bits |= 1u << p.n++;
+  }
+  return p;
+}
+
+// Codes are at most 7 bits long (n = 0, x = 15); the CPU build looks them up in tables built from
+// the functions above. The CUDA build computes them (no host tables in device code).
+constexpr int kMaxPlaneCode = 7;
+
+#if !defined(__CUDACC__)
+struct PlaneTables {
+  uint16_t enc[4 * 16];                     // [n][x] -> bits | len << 8 | n' << 12
+  uint16_t dec[4 << kMaxPlaneCode];         // [n][next 7 stream bits] -> x | len << 4 | n' << 8
+};
+
+constexpr PlaneTables make_plane_tables() {
+  PlaneTables t{};
+  for (int n = 0; n < 4; n++) {
+    for (uint32_t x = 0; x < 16; x++) {
+      Plane p = encode_plane(n, x);
+      t.enc[n * 16 + x] = static_cast<uint16_t>(p.bits | p.len << 8 | p.n << 12);
+    }
+    for (uint32_t s = 0; s < (1u << kMaxPlaneCode); s++) {
+      Plane p = decode_plane(n, s, kMaxPlaneCode);
+      t.dec[(n << kMaxPlaneCode) + s] = static_cast<uint16_t>(p.bits | p.len << 4 | p.n << 8);
+    }
+  }
+  return t;
+}
+
+inline constexpr PlaneTables kPlaneTables = make_plane_tables();
+#endif
+
+JAXHC_HD Plane plane_code(int n, uint32_t x) {
+#if defined(__CUDACC__)
+  return encode_plane(n, x);
+#else
+  uint32_t e = kPlaneTables.enc[n * 16 + x];
+  return Plane{e & 0xff, static_cast<int>((e >> 8) & 0xf), static_cast<int>(e >> 12)};
+#endif
+}
+
+// s: the next min(kMaxPlaneCode, budget) stream bits.
+JAXHC_HD Plane plane_read(int n, uint32_t s, int budget) {
+#if !defined(__CUDACC__)
+  uint32_t d = kPlaneTables.dec[(n << kMaxPlaneCode) + s];
+  int len = (d >> 4) & 0xf;
+  if (len <= budget) return Plane{d & 0xf, len, static_cast<int>(d >> 8)};
+#endif
+  return decode_plane(n, s, budget);  // a plane cut short by the budget (or the CUDA build)
+}
+
+// zfp's maximum number of coded bit planes (precision() for 1-D, maxprec 64, minexp -1074).
+JAXHC_HD int precision(int emax) {
+  int p = emax + 1074 + 4;
+  return p < 0 ? 0 : p > 64 ? 64 : p;
+}
+
+// frexp exponent of the largest finite-or-inf magnitude (NaN ignored, as zfp's `max < f` does), with
+// zfp's clamps: 0 -> -EBIAS, subnormal -> 1 - EBIAS; inf -> 0 (glibc's frexp leaves it 0).
+template <typename Scalar>
+JAXHC_HD int block_emax(typename Traits<Scalar>::UInt amax) {
+  using F = Format<Scalar>;
+  if (amax == 0) return -F::kEbias;
+  if (amax == F::kInf) return 0;
+  int e = static_cast<int>(amax >> F::kMantBits);
+  return e ? e - (F::kEbias - 1) : 1 - F::kEbias;
+}
+
+// zfp's (Int)(x * 2^shift) with x the value of `bits`, truncated toward zero; INT_MIN where the
+// product is NaN, inf or out of range (what the x86-64 conversion gives zfpy).
+template <typename Scalar>
+JAXHC_HD typename Traits<Scalar>::UInt fwd_cast(typename Traits<Scalar>::UInt bits, int shift) {
+  using F = Format<Scalar>;
+  using UInt = typename F::UInt;
+  UInt a = bits & ~F::kSign;
+  if (a == 0) return 0;
+  if (a >= F::kInf) return F::kSign;
+  int e = static_cast<int>(a >> F::kMantBits);
+  UInt m = a & F::kMant;
+  if (e)
+    m |= F::kMant + 1;
+  else
+    e = 1;
+  int sh = e - F::kEbias - F::kMantBits + shift;  // |x| * 2^shift = m * 2^sh
+  UInt mag;
+  if (sh >= 0) {
+    if (sh + (F::kIntPrec - clz(m)) > F::kIntPrec - 1) return F::kSign;
+    mag = m << sh;
+  } else {
+    mag = -sh >= F::kIntPrec ? 0 : m >> -sh;
+  }
+  return (bits & F::kSign) ? UInt(0) - mag : mag;
+}
+
+// zfp's (Scalar)i * ldexp(1, shift) for a shift that makes the factor subnormal or zero (the
+// factor rounds to 0 below the smallest subnormal). The product of an integer and a subnormal
+// power of two is exact, so only int -> float rounds; the result is composed from its bits.
+template <typename Scalar>
+JAXHC_HD Scalar scale_small(typename Traits<Scalar>::Int i, int shift) {
+  using F = Format<Scalar>;
+  using UInt = typename F::UInt;
+  UInt fb = to_bits(static_cast<Scalar>(i));  // an integer: normal or zero, exact in any FTZ mode
+  UInt sign = fb & F::kSign, a = fb & ~F::kSign;
+  if (a == 0 || shift < F::kMinSubExp) return from_bits<Scalar>(sign);
+  int e = static_cast<int>(a >> F::kMantBits) + shift;  // biased exponent of the product
+  if (e >= 1) return from_bits<Scalar>(sign | (UInt(e) << F::kMantBits) | (a & F::kMant));
+  UInt sig = (a & F::kMant) | (F::kMant + 1);
+  return from_bits<Scalar>(sign | (sig >> (1 - e)));  // subnormal, shifted-out bits are zero
+}
+
+// Bit-plane coding of the negabinary coefficients u into out[pos, end) (zfp's encode_few_ints).
+template <typename UInt>
+JAXHC_HD void encode_ints(const UInt* u, int maxprec, uint64_t* out, int pos, int end) {
+  constexpr int prec = 8 * sizeof(UInt);
+  const int kmin = prec > maxprec ? prec - maxprec : 0;
+  UInt any = u[0] | u[1] | u[2] | u[3];
+  int zero = any ? clz(any) : prec;  // leading all-zero planes cost one 0 bit each while n == 0
+  if (zero >= prec - kmin) return;
+  pos += zero;
+  int k = prec - 1 - zero, n = 0;
+  while (pos < end && k >= kmin) {
+    int cnt = min_int(16, k - kmin + 1), j = 0;
+    uint64_t w = plane_window(u, k);
+    for (; j < cnt && n < 4 && pos < end; j++) {
+      Plane p = plane_code(n, static_cast<uint32_t>(w >> (4 * j)) & 0xf);
+      int nb = min_int(p.len, end - pos);  // a code cut by the budget is its prefix: its low bits
+      put_bits(out, pos, low_bits(p.bits, nb), nb);
+      pos += nb;
+      n = p.n;
+    }
+    if (n == 4 && j < cnt && pos < end) {  // all significant: the planes follow verbatim
+      int nb = min_int(4 * (cnt - j), end - pos);
+      put_bits(out, pos, low_bits(w >> (4 * j), nb), nb);
+      pos += nb;
+    }
+    k -= cnt;
+  }
+}
+
+// The inverse of encode_ints (zfp's decode_few_ints): u must be zero on entry.
+template <typename UInt>
+JAXHC_HD void decode_ints(const uint64_t* in, int maxprec, UInt* u, int pos, int end) {
+  constexpr int prec = 8 * sizeof(UInt);
+  const int kmin = prec > maxprec ? prec - maxprec : 0;
+  if (pos >= end) return;
+  uint64_t head = get_bits(in, pos, min_int(64, end - pos));
+  if (!head) return;  // zero planes to the end of the budget (or of all 64 planes)
+  int zero = ctz64(head);
+  if (zero >= prec - kmin) return;
+  pos += zero;
+  int k = prec - 1 - zero, n = 0;
+  while (pos < end && k >= kmin) {
+    int cnt = min_int(16, k - kmin + 1), j = 0;
+    uint64_t w = 0;
+    for (; j < cnt && n < 4 && pos < end; j++) {
+      int budget = end - pos;
+      uint32_t s = static_cast<uint32_t>(get_bits(in, pos, min_int(kMaxPlaneCode, budget)));
+      Plane p = plane_read(n, s, budget);
+      w |= static_cast<uint64_t>(p.bits) << (4 * j);
+      pos += p.len;
+      n = p.n;
+    }
+    if (n == 4 && j < cnt && pos < end) {
+      int nb = min_int(4 * (cnt - j), end - pos);
+      w |= get_bits(in, pos, nb) << (4 * j);
+      pos += nb;
+    }
+    deposit_window(u, k, w);
+    k -= cnt;
+  }
+}
+
+// zfp's lifting transforms on two's complement integers held as UInt (wrapping like zfp's ints).
+template <typename Scalar>
+JAXHC_HD typename Traits<Scalar>::UInt asr(typename Traits<Scalar>::UInt x, int s) {
+  using Int = typename Traits<Scalar>::Int;
+  return static_cast<typename Traits<Scalar>::UInt>(static_cast<Int>(x) >> s);
+}
+
+template <typename Scalar>
+JAXHC_HD void fwd_lift(typename Traits<Scalar>::UInt* p) {
+  auto x = p[0], y = p[1], z = p[2], w = p[3];
+  x += w; x = asr<Scalar>(x, 1); w -= x;
+  z += y; z = asr<Scalar>(z, 1); y -= z;
+  x += z; x = asr<Scalar>(x, 1); z -= x;
+  w += y; w = asr<Scalar>(w, 1); y -= w;
+  w += asr<Scalar>(y, 1); y -= asr<Scalar>(w, 1);
+  p[0] = x, p[1] = y, p[2] = z, p[3] = w;
+}
+
+template <typename Scalar>
+JAXHC_HD void inv_lift(typename Traits<Scalar>::UInt* p) {
+  auto x = p[0], y = p[1], z = p[2], w = p[3];
+  y += asr<Scalar>(w, 1); w -= asr<Scalar>(y, 1);
+  y += w; w <<= 1; w -= y;
+  z += x; x <<= 1; x -= z;
+  y += z; z <<= 1; z -= y;
+  w += x; x <<= 1; x -= w;
+  p[0] = x, p[1] = y, p[2] = z, p[3] = w;
+}
+
+}  // namespace detail
+
+// Block b of x[0, n) as zfp codes it: a partial last block padded by zfp's pad_block.
+template <typename Scalar>
+JAXHC_HD void load_block(const Scalar* x, uint64_t n, uint64_t b, Scalar* v) {
+  const Scalar* p = x + 4 * b;
+  uint64_t m = n - 4 * b;
+  if (m >= 4) {
+    v[0] = p[0], v[1] = p[1], v[2] = p[2], v[3] = p[3];
+    return;
+  }
+  v[0] = p[0];
+  v[1] = m > 1 ? p[1] : v[0];
+  v[2] = m > 2 ? p[2] : v[1];
+  v[3] = v[0];
+}
+
+// Codes 4 values into exactly maxbits bits (valid_maxbits), LSB first in out[0, kWords), which this
+// zeroes first. Returns whether all 4 values are finite.
+template <typename Scalar>
+JAXHC_HD bool encode_block(const Scalar* v, int maxbits, uint64_t* out) {
+  using F = Format<Scalar>;
+  using UInt = typename F::UInt;
+  for (int i = 0; i < F::kWords; i++) out[i] = 0;
+  UInt bits[4], amax = 0;
+  bool finite = true;
+  for (int i = 0; i < 4; i++) {
+    bits[i] = detail::to_bits(v[i]);
+    UInt a = bits[i] & ~F::kSign;
+    finite &= a < F::kInf;
+    if (a <= F::kInf && a > amax) amax = a;
+  }
+  if (!amax) return finite;  // biased exponent 0: a single 0 bit, then padding
+  int emax = detail::block_emax<Scalar>(amax);
+  out[0] = 2 * static_cast<uint64_t>(emax + F::kEbias) + 1;
+  UInt u[4];
+  int shift = F::kIntPrec - 2 - emax;  // zfp scales by 2^shift; beyond EBIAS that is inf
+  for (int i = 0; i < 4; i++) u[i] = shift > F::kEbias ? F::kSign : detail::fwd_cast<Scalar>(bits[i], shift);
+  detail::fwd_lift<Scalar>(u);
+  for (int i = 0; i < 4; i++) u[i] = (u[i] + F::kNbMask) ^ F::kNbMask;
+  detail::encode_ints(u, detail::precision(emax), out, F::kMinBits, maxbits);
+  return finite;
+}
+
+// Decodes one block from its maxbits bits in in[0, ceil(maxbits / 64)).
+template <typename Scalar>
+JAXHC_HD void decode_block(const uint64_t* in, int maxbits, Scalar* v) {
+  using F = Format<Scalar>;
+  using UInt = typename F::UInt;
+  using Int = typename F::Int;
+  if (!(in[0] & 1)) {
+    v[0] = v[1] = v[2] = v[3] = Scalar(0);
+    return;
+  }
+  int emax = static_cast<int>((in[0] >> 1) & ((1u << F::kEbits) - 1)) - F::kEbias;
+  UInt u[4] = {0, 0, 0, 0};
+  detail::decode_ints(in, detail::precision(emax), u, F::kMinBits, maxbits);
+  for (int i = 0; i < 4; i++) u[i] = (u[i] ^ F::kNbMask) - F::kNbMask;
+  detail::inv_lift<Scalar>(u);
+  int shift = emax - (F::kIntPrec - 2);
+  if (shift >= 1 - F::kEbias) {  // a normal factor: products are normal, 0 or inf, FTZ or not
+    Scalar s = detail::from_bits<Scalar>(UInt(shift + F::kEbias) << F::kMantBits);
+    for (int i = 0; i < 4; i++) v[i] = static_cast<Scalar>(static_cast<Int>(u[i])) * s;
+  } else {
+    for (int i = 0; i < 4; i++) v[i] = detail::scale_small<Scalar>(static_cast<Int>(u[i]), shift);
+  }
+}
+
+// 64 stream bits from bit pos of a stream of nwords words (reads nothing past the stream's end).
+JAXHC_HD uint64_t stream_bits(const uint64_t* words, uint64_t nwords, uint64_t pos) {
+  uint64_t q = pos >> 6;
+  int s = static_cast<int>(pos & 63);
+  uint64_t v = words[q] >> s;
+  if (s && q + 1 < nwords) v |= words[q + 1] << (64 - s);
+  return v;
+}
+
+// The bits of block b (of a row's stream) into in[0, ceil(maxbits / 64)).
+JAXHC_HD void load_block_bits(const uint64_t* words, uint64_t nwords, uint64_t b, int maxbits,
+                              uint64_t* in) {
+  uint64_t pos = b * static_cast<uint64_t>(maxbits);
+  for (int i = 0; 64 * i < maxbits; i++) in[i] = stream_bits(words, nwords, pos + 64 * i);
+}
+
+// Host side of both modules: the rows of one call checked against the buffer contract of
+// ffi/cpu/handlers.h (values [..., n], payload [..., payload_bytes(n)], flags [...] for encode).
+// Dims: anything with size() and operator[] (ffi::Span). Returns an error message, "" if valid.
+struct Rows {
+  uint64_t rows = 1;   // product of the leading (batch) dimensions
+  uint64_t n = 0;      // values per row
+  uint64_t bytes = 0;  // payload bytes per row
+};
+
+template <typename Dims>
+std::string dims_str(const Dims& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); i++) s += (i ? "," : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+template <typename Scalar, typename Dims>
+std::string check_rows(const Dims& values, const Dims& payload, const Dims* flags, int64_t maxbits,
+                       Rows* r) {
+  using F = Format<Scalar>;
+  if (!valid_maxbits<Scalar>(maxbits))
+    return "maxbits " + std::to_string(maxbits) + " is out of range " + std::to_string(F::kMinBits) +
+           ".." + std::to_string(F::kMaxBits) + " for float" + std::to_string(F::kIntPrec);
+  size_t rank = values.size();
+  if (rank == 0) return "values must have at least one dimension, got a scalar";
+  *r = Rows{};
+  for (size_t i = 0; i + 1 < rank; i++) r->rows *= static_cast<uint64_t>(values[i]);
+  r->n = static_cast<uint64_t>(values[rank - 1]);
+  r->bytes = payload_bytes(r->n, static_cast<uint32_t>(maxbits));
+  bool ok = payload.size() == rank && static_cast<uint64_t>(payload[rank - 1]) == r->bytes;
+  for (size_t i = 0; ok && i + 1 < rank; i++) ok = payload[i] == values[i];
+  if (!ok)
+    return "payload shape " + dims_str(payload) + " does not fit values " + dims_str(values) +
+           " at maxbits " + std::to_string(maxbits) + ": need [..., " + std::to_string(r->bytes) + "]";
+  if (flags) {
+    ok = flags->size() + 1 == rank;
+    for (size_t i = 0; ok && i + 1 < rank; i++) ok = (*flags)[i] == values[i];
+    if (!ok) return "finite shape " + dims_str(*flags) + " must be the batch dims of " + dims_str(values);
+  }
+  return "";
 }
 
 }  // namespace zfp
