@@ -199,6 +199,13 @@ JAXHC_HD constexpr Plane encode_plane(int n, uint32_t x) {
   return p;
 }
 
+template <typename UInt>
+JAXHC_HD uint32_t plane_of(const UInt* u, int k) {
+  uint32_t x = 0;
+  for (int i = 0; i < 4; i++) x |= static_cast<uint32_t>((u[i] >> k) & 1) << i;
+  return x;
+}
+
 // Decodes one plane from the stream bits s with budget bits left, stopping where zfp stops when
 // the budget runs out mid-plane (then the scanned position is taken as the one-bit).
 JAXHC_HD constexpr Plane decode_plane(int n, uint64_t s, int budget) {
@@ -323,36 +330,81 @@ JAXHC_HD Scalar scale_small(typename Traits<Scalar>::Int i, int shift) {
   return from_bits<Scalar>(sign | (sig >> (1 - e)));  // subnormal, shifted-out bits are zero
 }
 
-// Bit-plane coding of the negabinary coefficients u into out[pos, end) (zfp's encode_few_ints).
-template <typename UInt>
-JAXHC_HD void encode_ints(const UInt* u, int maxprec, uint64_t* out, int pos, int end) {
-  constexpr int prec = 8 * sizeof(UInt);
-  const int kmin = prec > maxprec ? prec - maxprec : 0;
-  UInt any = u[0] | u[1] | u[2] | u[3];
-  int zero = any ? clz(any) : prec;  // leading all-zero planes cost one 0 bit each while n == 0
-  if (zero >= prec - kmin) return;
-  pos += zero;
-  int k = prec - 1 - zero, n = 0;
-  while (pos < end && k >= kmin) {
-    int cnt = min_int(16, k - kmin + 1), j = 0;
-    uint64_t w = plane_window(u, k);
-    for (; j < cnt && n < 4 && pos < end; j++) {
-      Plane p = plane_code(n, static_cast<uint32_t>(w >> (4 * j)) & 0xf);
-      int nb = min_int(p.len, end - pos);  // a code cut by the budget is its prefix: its low bits
-      put_bits(out, pos, low_bits(p.bits, nb), nb);
-      pos += nb;
-      n = p.n;
-    }
-    if (n == 4 && j < cnt && pos < end) {  // all significant: the planes follow verbatim
-      int nb = min_int(4 * (cnt - j), end - pos);
-      put_bits(out, pos, low_bits(w >> (4 * j), nb), nb);
-      pos += nb;
-    }
-    k -= cnt;
-  }
+// Planes k, k-1, ... that follow while n coefficients are significant and no other one gets a
+// one-bit form a run: each codes as its n bits verbatim and a 0 group-test bit (or, once n == 4,
+// its 4 bits alone), so a run is the low n + 1 bits of each nibble of plane_window, packed.
+// compact/expand convert between nibbles and fields of f = 1..4 bits in four halving steps (masks
+// by arithmetic rather than a branch on f: the data decide f).
+JAXHC_HD constexpr uint64_t lane_mask(int f, int s) {
+  uint64_t field = (uint64_t{1} << (f << s)) - 1, m = 0;
+  for (int p = 0; p < 64; p += 8 << s) m |= field << p;
+  return m;
+}
+template <int F>
+JAXHC_HD uint64_t compact_fields(uint64_t w) {
+  constexpr uint64_t m0 = lane_mask(F, 0), m1 = lane_mask(F, 1), m2 = lane_mask(F, 2),
+                     m3 = lane_mask(F, 3);
+  w = (w & m0) | ((w >> (4 - F)) & (m0 << F));
+  w = (w & m1) | ((w >> (2 * (4 - F))) & (m1 << (2 * F)));
+  w = (w & m2) | ((w >> (4 * (4 - F))) & (m2 << (4 * F)));
+  return (w & m3) | ((w >> (8 * (4 - F))) & (m3 << (8 * F)));
+}
+template <int F>
+JAXHC_HD uint64_t expand_fields(uint64_t w) {
+  constexpr uint64_t m0 = lane_mask(F, 0), m1 = lane_mask(F, 1), m2 = lane_mask(F, 2),
+                     m3 = lane_mask(F, 3);
+  w = (w & m3) | ((w & (m3 << (8 * F))) << (8 * (4 - F)));
+  w = (w & m2) | ((w & (m2 << (4 * F))) << (4 * (4 - F)));
+  w = (w & m1) | ((w & (m1 << (2 * F))) << (2 * (4 - F)));
+  return (w & m0) | ((w & (m0 << F)) << (4 - F));
+}
+JAXHC_HD uint64_t compact(uint64_t w, int f) {
+  return f == 1 ? compact_fields<1>(w) : f == 2 ? compact_fields<2>(w) : f == 3 ? compact_fields<3>(w) : w;
+}
+JAXHC_HD uint64_t expand(uint64_t w, int f) {
+  return f == 1 ? expand_fields<1>(w) : f == 2 ? expand_fields<2>(w) : f == 3 ? expand_fields<3>(w) : w;
 }
 
-// The inverse of encode_ints (zfp's decode_few_ints): u must be zero on entry.
+// Bit-plane coding of the negabinary coefficients u (zfp's encode_few_ints), at most end bits
+// appended to out; returns how many. Each round sends a run from a 16-plane window in bulk, then
+// the plane where coefficient n or a later one turns significant (an event) through the tables.
+template <typename UInt, typename Sink>
+JAXHC_HD int encode_ints(const UInt* u, int maxprec, Sink& out, int end) {
+  constexpr int prec = 8 * sizeof(UInt);
+  const int kmin = prec > maxprec ? prec - maxprec : 0;
+  UInt rest[5];  // rest[n]: one-bits of the coefficients n and later
+  rest[4] = 0;
+  for (int i = 3; i >= 0; i--) rest[i] = rest[i + 1] | u[i];
+  int k = rest[0] ? prec - 1 - clz(rest[0]) : -1;  // planes above k are zero: one 0 bit each
+  if (k < kmin) return 0;
+  int pos = min_int(prec - 1 - k, end), n = 0, base = k;
+  out.put(0, pos);
+  uint64_t w = plane_window(u, base);
+  while (pos < end) {
+    if (base - k >= 16) w = plane_window(u, base = k);  // (17 after an event at base - 16)
+    UInt r = rest[n] & (~UInt(0) >> (prec - 1 - k));
+    int event = r ? prec - 1 - clz(r) : -1;
+    if (event < kmin) event = kmin - 1;
+    int f = n < 4 ? n + 1 : 4, cnt = min_int(k - event, 16 - (base - k));
+    int nb = min_int(f * cnt, end - pos);  // a run cut by the budget is its prefix
+    out.put(low_bits(compact(w >> (4 * (base - k)), f), nb), nb);
+    pos += nb;
+    k -= cnt;
+    if (k != event || pos >= end) continue;  // the window ended first, or the budget
+    if (k < kmin) break;
+    Plane p = plane_code(n, plane_of(u, k));
+    nb = min_int(p.len, end - pos);  // so is a cut plane code: its low bits
+    out.put(low_bits(p.bits, nb), nb);
+    pos += nb;
+    n = p.n;
+    k--;
+  }
+  return pos;
+}
+
+// The inverse of encode_ints (zfp's decode_few_ints); u must be zero on entry. A run ends at the
+// first group-test bit that is set (bits past the budget read as 0: no group test, zero-extended
+// planes). Decoded planes gather in a 16-plane window deposited into u when full.
 template <typename UInt>
 JAXHC_HD void decode_ints(const uint64_t* in, int maxprec, UInt* u, int pos, int end) {
   constexpr int prec = 8 * sizeof(UInt);
@@ -363,26 +415,34 @@ JAXHC_HD void decode_ints(const uint64_t* in, int maxprec, UInt* u, int pos, int
   int zero = ctz64(head);
   if (zero >= prec - kmin) return;
   pos += zero;
-  int k = prec - 1 - zero, n = 0;
+  int k = prec - 1 - zero, n = 0, base = k;
+  uint64_t w = 0;
   while (pos < end && k >= kmin) {
-    int cnt = min_int(16, k - kmin + 1), j = 0;
-    uint64_t w = 0;
-    for (; j < cnt && n < 4 && pos < end; j++) {
-      int budget = end - pos;
-      uint32_t s = static_cast<uint32_t>(get_bits(in, pos, min_int(kMaxPlaneCode, budget)));
-      Plane p = plane_read(n, s, budget);
-      w |= static_cast<uint64_t>(p.bits) << (4 * j);
-      pos += p.len;
-      n = p.n;
+    if (base - k == 16) {
+      deposit_window(u, base, w);
+      base = k, w = 0;
     }
-    if (n == 4 && j < cnt && pos < end) {
-      int nb = min_int(4 * (cnt - j), end - pos);
-      w |= get_bits(in, pos, nb) << (4 * j);
-      pos += nb;
+    int o = base - k;
+    if (n) {
+      int cnt = min_int(16 - o, k - kmin + 1), f = n < 4 ? n + 1 : 4;
+      uint64_t run = expand(get_bits(in, pos, min_int(64, end - pos)), f) & low_bits(~uint64_t{0}, 4 * cnt);
+      uint64_t tests = n < 4 ? run & (0x1111111111111111ull << n) : 0;
+      int j = tests ? ctz64(tests) >> 2 : cnt;
+      w |= (run & low_bits(~uint64_t{0}, 4 * j)) << (4 * o);
+      pos += f * j;
+      k -= j;
+      o += j;
+      if (j == cnt || pos >= end) continue;
     }
-    deposit_window(u, k, w);
-    k -= cnt;
+    int budget = end - pos;
+    uint32_t s = static_cast<uint32_t>(get_bits(in, pos, min_int(kMaxPlaneCode, budget)));
+    Plane p = plane_read(n, s, budget);
+    w |= static_cast<uint64_t>(p.bits) << (4 * o);
+    pos += p.len;
+    n = p.n;
+    k--;
   }
+  deposit_window(u, base, w);
 }
 
 // zfp's lifting transforms on two's complement integers held as UInt (wrapping like zfp's ints).
@@ -431,30 +491,60 @@ JAXHC_HD void load_block(const Scalar* x, uint64_t n, uint64_t b, Scalar* v) {
   v[3] = v[0];
 }
 
-// Codes 4 values into exactly maxbits bits (valid_maxbits), LSB first in out[0, kWords), which this
-// zeroes first. Returns whether all 4 values are finite.
-template <typename Scalar>
-JAXHC_HD bool encode_block(const Scalar* v, int maxbits, uint64_t* out) {
+// Where encode_block appends its bits: anything with put(v, n) that appends the n low bits of v
+// (0 <= n <= 64, no bits above them set). BlockBits holds one block's bits; the CPU handlers
+// append straight to the stream.
+template <int Words>
+struct BlockBits {
+  uint64_t w[Words] = {};
+  int pos = 0;
+  JAXHC_HD void put(uint64_t v, int n) {
+    if (v) detail::put_bits(w, pos, v, n);
+    pos += n;
+  }
+};
+
+template <typename Sink>
+JAXHC_HD void put_zeros(Sink& out, int n) {
+  for (; n > 0; n -= 64) out.put(0, n < 64 ? n : 64);
+}
+
+// Appends the code of 4 values to out: exactly maxbits bits (valid_maxbits). Returns whether all
+// 4 values are finite.
+template <typename Scalar, typename Sink>
+JAXHC_HD bool encode_block(const Scalar* v, int maxbits, Sink& out) {
   using F = Format<Scalar>;
   using UInt = typename F::UInt;
-  for (int i = 0; i < F::kWords; i++) out[i] = 0;
   UInt bits[4], amax = 0;
   bool finite = true;
   for (int i = 0; i < 4; i++) {
     bits[i] = detail::to_bits(v[i]);
-    UInt a = bits[i] & ~F::kSign;
+    UInt a = bits[i] & ~F::kSign;  // NaN is left out of the max (zfp's `max < f` is false)
     finite &= a < F::kInf;
-    if (a <= F::kInf && a > amax) amax = a;
+    a &= UInt(0) - UInt(a <= F::kInf);
+    amax ^= (amax ^ a) & (UInt(0) - UInt(a > amax));  // branch-free: data decide too often
   }
-  if (!amax) return finite;  // biased exponent 0: a single 0 bit, then padding
+  if (!amax) {  // biased exponent 0: a single 0 bit, then padding
+    put_zeros(out, maxbits);
+    return finite;
+  }
   int emax = detail::block_emax<Scalar>(amax);
-  out[0] = 2 * static_cast<uint64_t>(emax + F::kEbias) + 1;
+  out.put(2 * static_cast<uint64_t>(emax + F::kEbias) + 1, F::kMinBits);
   UInt u[4];
   int shift = F::kIntPrec - 2 - emax;  // zfp scales by 2^shift; beyond EBIAS that is inf
-  for (int i = 0; i < 4; i++) u[i] = shift > F::kEbias ? F::kSign : detail::fwd_cast<Scalar>(bits[i], shift);
+  if (finite && shift < F::kEbias) {
+    // A normal factor and |x| * 2^shift < 2^(intprec - 2): float arithmetic is exact up to the
+    // truncation, and subnormal x (which a flush to zero would drop) give |product| < 1 anyway.
+    Scalar s = detail::from_bits<Scalar>(UInt(shift + F::kEbias) << F::kMantBits);
+    for (int i = 0; i < 4; i++) u[i] = static_cast<UInt>(static_cast<typename F::Int>(v[i] * s));
+  } else {
+    for (int i = 0; i < 4; i++)
+      u[i] = shift > F::kEbias ? F::kSign : detail::fwd_cast<Scalar>(bits[i], shift);
+  }
   detail::fwd_lift<Scalar>(u);
   for (int i = 0; i < 4; i++) u[i] = (u[i] + F::kNbMask) ^ F::kNbMask;
-  detail::encode_ints(u, detail::precision(emax), out, F::kMinBits, maxbits);
+  int budget = maxbits - F::kMinBits;
+  put_zeros(out, budget - detail::encode_ints(u, detail::precision(emax), out, budget));
   return finite;
 }
 

@@ -24,7 +24,7 @@ class WordWriter {
  public:
   explicit WordWriter(uint64_t* out) : out_(out) {}
 
-  // Appends the n low bits of v (0 < n <= 64, no bits above them).
+  // Appends the n low bits of v (0 <= n <= 64, no bits above them).
   void put(uint64_t v, int n) {
     acc_ |= v << fill_;
     if (fill_ + n >= 64) {
@@ -80,14 +80,10 @@ void encode_rows(const Scalar* x, uint64_t* payload, bool* finite, const Rows& r
     const Scalar* xr = x + row * r.n;
     WordWriter out(payload + row * (r.bytes / 8) + b0 * maxbits / 64);
     bool ok = true;
-    uint64_t bits[Format<Scalar>::kWords];
     for (uint64_t b = b0; b < b1; b++) {
       Scalar v[4];
       jaxhc::zfp::load_block(xr, r.n, b, v);
-      ok &= jaxhc::zfp::encode_block(v, maxbits, bits);
-      int i = 0;
-      for (; 64 * (i + 1) <= maxbits; i++) out.put(bits[i], 64);
-      if (maxbits % 64) out.put(bits[i], maxbits % 64);
+      ok &= jaxhc::zfp::encode_block(v, maxbits, out);
     }
     out.flush();  // only the row's last group ends inside a word
     if (!ok) __atomic_store_n(&finite[row], false, __ATOMIC_RELAXED);
