@@ -225,10 +225,17 @@ JAXHC_HD constexpr Plane decode_plane(int n, uint64_t s, int budget) {
 }
 
 // Codes are at most 7 bits long (n = 0, x = 15); the CPU build looks them up in tables built from
-// the functions above. The CUDA build computes them (no host tables in device code).
+// the functions above. The CUDA build computes them (no host tables in device code); defining
+// JAXHC_ZFP_NO_TABLES makes a host build do the same, to test that path.
 constexpr int kMaxPlaneCode = 7;
 
-#if !defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(JAXHC_ZFP_NO_TABLES)
+#define JAXHC_ZFP_PLANE_TABLES 0
+#else
+#define JAXHC_ZFP_PLANE_TABLES 1
+#endif
+
+#if JAXHC_ZFP_PLANE_TABLES
 struct PlaneTables {
   uint16_t enc[4 * 16];                     // [n][x] -> bits | len << 8 | n' << 12
   uint16_t dec[4 << kMaxPlaneCode];         // [n][next 7 stream bits] -> x | len << 4 | n' << 8
@@ -253,7 +260,7 @@ inline constexpr PlaneTables kPlaneTables = make_plane_tables();
 #endif
 
 JAXHC_HD Plane plane_code(int n, uint32_t x) {
-#if defined(__CUDACC__)
+#if !JAXHC_ZFP_PLANE_TABLES
   return encode_plane(n, x);
 #else
   uint32_t e = kPlaneTables.enc[n * 16 + x];
@@ -263,7 +270,7 @@ JAXHC_HD Plane plane_code(int n, uint32_t x) {
 
 // s: the next min(kMaxPlaneCode, budget) stream bits.
 JAXHC_HD Plane plane_read(int n, uint32_t s, int budget) {
-#if !defined(__CUDACC__)
+#if JAXHC_ZFP_PLANE_TABLES
   uint32_t d = kPlaneTables.dec[(n << kMaxPlaneCode) + s];
   int len = (d >> 4) & 0xf;
   if (len <= budget) return Plane{d & 0xf, len, static_cast<int>(d >> 8)};
@@ -572,6 +579,30 @@ JAXHC_HD void decode_block(const uint64_t* in, int maxbits, Scalar* v) {
   }
 }
 
+// Word w of the stream of x[0, n): the codes of all blocks with bits in it, each block coded
+// whole (the CUDA encoder runs one thread per word: threads share nothing). Clears *finite if one
+// of those blocks is not finite.
+template <typename Scalar>
+JAXHC_HD uint64_t encode_word(const Scalar* x, uint64_t n, int maxbits, uint64_t w, bool* finite) {
+  uint64_t lo = 64 * w, blocks = (n + 3) / 4;  // the word holds stream bits [lo, lo + 64)
+  uint64_t end = (lo + 64 + maxbits - 1) / maxbits;
+  if (end > blocks) end = blocks;
+  uint64_t word = 0;
+  for (uint64_t b = lo / maxbits; b < end; b++) {
+    Scalar v[4];
+    load_block(x, n, b, v);
+    BlockBits<Format<Scalar>::kWords> bits;
+    if (!encode_block(v, maxbits, bits)) *finite = false;
+    int64_t off = static_cast<int64_t>(b * maxbits) - static_cast<int64_t>(lo);
+    if (off >= 0)  // the block starts inside this word
+      word |= bits.w[0] << off;
+    else  // it started in an earlier word: its bits from -off on
+      word |= detail::get_bits(bits.w, static_cast<int>(-off),
+                               static_cast<int>(maxbits + off < 64 ? maxbits + off : 64));
+  }
+  return word;
+}
+
 // 64 stream bits from bit pos of a stream of nwords words (reads nothing past the stream's end).
 JAXHC_HD uint64_t stream_bits(const uint64_t* words, uint64_t nwords, uint64_t pos) {
   uint64_t q = pos >> 6;
@@ -585,7 +616,8 @@ JAXHC_HD uint64_t stream_bits(const uint64_t* words, uint64_t nwords, uint64_t p
 JAXHC_HD void load_block_bits(const uint64_t* words, uint64_t nwords, uint64_t b, int maxbits,
                               uint64_t* in) {
   uint64_t pos = b * static_cast<uint64_t>(maxbits);
-  for (int i = 0; 64 * i < maxbits; i++) in[i] = stream_bits(words, nwords, pos + 64 * i);
+  in[0] = stream_bits(words, nwords, pos);
+  for (int i = 1; 64 * i < maxbits; i++) in[i] = stream_bits(words, nwords, pos + 64 * i);
 }
 
 // Host side of both modules: the rows of one call checked against the buffer contract of
