@@ -1,8 +1,8 @@
 """ZFP fixed-rate codec against the outside oracle zfpy (the zfpy 1.0.1 wheel).
 
-Every stream must be byte-identical to ``zfpy.compress_numpy(x, rate, write_header=False)`` and every
-decoded value bit-identical to zfpy's decompression of that stream. The same assertions run on each
-platform jax offers (the GPU ones are marked ``gpu`` and skipped without a GPU).
+Every stream must be byte-identical to ``zfpy.compress_numpy(x, rate, write_header=False)`` and
+every decoded value bit-identical to zfpy's decompression of that stream. The same assertions run
+on each platform jax offers (the GPU ones are marked ``gpu`` and skipped without a GPU).
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ def test_all_lengths_match_zfpy(dtype, rate, device, x64):
 
 
 @pytest.mark.parametrize(
-    "dtype,n,rate", [(np.float32, 1 << 20, 8), (np.float32, 3_000_001, 16), (np.float64, 1_000_003, 24)]
+    "dtype,n,rate",
+    [(np.float32, 1 << 20, 8), (np.float32, 3_000_001, 16), (np.float64, 1_000_003, 24)],
 )
 def test_long_arrays_match_zfpy(dtype, n, rate, device, x64):
     rng = np.random.default_rng(n)
@@ -274,5 +275,7 @@ def test_decode_of_arbitrary_bytes_matches_zfpy(dtype, rate, device, x64):
     rng = np.random.default_rng(3)
     payload = rng.integers(0, 256, codec.payload_bytes(4001, dtype), dtype=np.uint8)
     y = jax.jit(lambda p: codec.decode(p, (4001,), dtype))(jax.device_put(payload, device))
-    ref = zfpy._decompress(payload.tobytes(), zfpy.dtype_to_ztype(np.dtype(dtype)), [4001], rate=rate)
+    ref = zfpy._decompress(
+        payload.tobytes(), zfpy.dtype_to_ztype(np.dtype(dtype)), [4001], rate=rate
+    )
     np.testing.assert_array_equal(bits(np.asarray(y)), bits(np.asarray(ref)))
