@@ -373,8 +373,9 @@ JAXHC_HD uint64_t expand(uint64_t w, int f) {
 }
 
 // Bit-plane coding of the negabinary coefficients u (zfp's encode_few_ints), at most end bits
-// appended to out; returns how many. Each round sends a run from a 16-plane window in bulk, then
-// the plane where coefficient n or a later one turns significant (an event) through the tables.
+// appended to out; returns how many. The planes alternate between an event (coefficient n or a
+// later one has its top one-bit in the plane: coded through the tables) and the run up to the next
+// event (sent in bulk from a 16-plane window). The first nonzero plane is an event.
 template <typename UInt, typename Sink>
 JAXHC_HD int encode_ints(const UInt* u, int maxprec, Sink& out, int end) {
   constexpr int prec = 8 * sizeof(UInt);
@@ -388,23 +389,25 @@ JAXHC_HD int encode_ints(const UInt* u, int maxprec, Sink& out, int end) {
   out.put(0, pos);
   uint64_t w = plane_window(u, base);
   while (pos < end) {
-    if (base - k >= 16) w = plane_window(u, base = k);  // (17 after an event at base - 16)
-    UInt r = rest[n] & (~UInt(0) >> (prec - 1 - k));
-    int event = r ? prec - 1 - clz(r) : -1;
-    if (event < kmin) event = kmin - 1;
-    int f = n < 4 ? n + 1 : 4, cnt = min_int(k - event, 16 - (base - k));
-    int nb = min_int(f * cnt, end - pos);  // a run cut by the budget is its prefix
-    out.put(low_bits(compact(w >> (4 * (base - k)), f), nb), nb);
-    pos += nb;
-    k -= cnt;
-    if (k != event || pos >= end) continue;  // the window ended first, or the budget
-    if (k < kmin) break;
-    Plane p = plane_code(n, plane_of(u, k));
-    nb = min_int(p.len, end - pos);  // so is a cut plane code: its low bits
+    if (base - k >= 16) w = plane_window(u, base = k);
+    Plane p = plane_code(n, static_cast<uint32_t>(w >> (4 * (base - k))) & 0xf);
+    int nb = min_int(p.len, end - pos);  // a code cut by the budget is its prefix: its low bits
     out.put(low_bits(p.bits, nb), nb);
     pos += nb;
     n = p.n;
-    k--;
+    if (--k < kmin) break;
+    UInt r = rest[n] & (~UInt(0) >> (prec - 1 - k));
+    int event = r ? prec - 1 - clz(r) : -1, f = n < 4 ? n + 1 : 4;
+    if (event < kmin) event = kmin - 1;
+    while (k > event && pos < end) {
+      if (base - k >= 16) w = plane_window(u, base = k);
+      int cnt = min_int(k - event, 16 - (base - k));
+      nb = min_int(f * cnt, end - pos);  // so is a cut run
+      out.put(low_bits(compact(w >> (4 * (base - k)), f), nb), nb);
+      pos += nb;
+      k -= cnt;
+    }
+    if (k < kmin) break;
   }
   return pos;
 }
@@ -424,30 +427,28 @@ JAXHC_HD void decode_ints(const uint64_t* in, int maxprec, UInt* u, int pos, int
   pos += zero;
   int k = prec - 1 - zero, n = 0, base = k;
   uint64_t w = 0;
-  while (pos < end && k >= kmin) {
-    if (base - k == 16) {
-      deposit_window(u, base, w);
-      base = k, w = 0;
-    }
-    int o = base - k;
-    if (n) {
-      int cnt = min_int(16 - o, k - kmin + 1), f = n < 4 ? n + 1 : 4;
+  bool more = true;
+  while (more) {
+    if (base - k >= 16) deposit_window(u, base, w), base = k, w = 0;
+    int budget = end - pos;
+    uint32_t s = static_cast<uint32_t>(get_bits(in, pos, min_int(kMaxPlaneCode, budget)));
+    Plane p = plane_read(n, s, budget);
+    w |= static_cast<uint64_t>(p.bits) << (4 * (base - k));
+    pos += p.len;
+    n = p.n;
+    more = --k >= kmin && pos < end;
+    for (int f = n < 4 ? n + 1 : 4; more;) {  // the run, a window at a time, up to an event
+      if (base - k >= 16) deposit_window(u, base, w), base = k, w = 0;
+      int o = base - k, cnt = min_int(16 - o, k - kmin + 1);
       uint64_t run = expand(get_bits(in, pos, min_int(64, end - pos)), f) & low_bits(~uint64_t{0}, 4 * cnt);
       uint64_t tests = n < 4 ? run & (0x1111111111111111ull << n) : 0;
       int j = tests ? ctz64(tests) >> 2 : cnt;
       w |= (run & low_bits(~uint64_t{0}, 4 * j)) << (4 * o);
       pos += f * j;
       k -= j;
-      o += j;
-      if (j == cnt || pos >= end) continue;
+      more = k >= kmin && pos < end;
+      if (j < cnt) break;  // plane k is an event
     }
-    int budget = end - pos;
-    uint32_t s = static_cast<uint32_t>(get_bits(in, pos, min_int(kMaxPlaneCode, budget)));
-    Plane p = plane_read(n, s, budget);
-    w |= static_cast<uint64_t>(p.bits) << (4 * o);
-    pos += p.len;
-    n = p.n;
-    k--;
   }
   deposit_window(u, base, w);
 }
