@@ -136,6 +136,17 @@ def test_lengths_match_zfpy(dtype, rate, device, x64):
         assert_matches_zfpy(x[:n], rate, device)
 
 
+@pytest.mark.parametrize("dtype,rates", [(np.float32, F32_RATES), (np.float64, F64_RATES)])
+def test_portable_cpu_path_matches_zfpy(dtype, rates, monkeypatch, x64):
+    # The CPU module uses BMI2 pdep/pext where they are fast; this forces the portable bit code
+    # (also what the CUDA build runs).
+    monkeypatch.setenv("JAXHC_ZFP_PORTABLE", "1")
+    cpu = jax.devices("cpu")[0]
+    for rate in rates:
+        for x in families(dtype, 1001, seed=4).values():
+            assert_matches_zfpy(x, rate, cpu)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,rate", [(np.float32, 8), (np.float64, 16)])
 def test_all_lengths_match_zfpy(dtype, rate, device, x64):

@@ -372,11 +372,22 @@ JAXHC_HD uint64_t expand(uint64_t w, int f) {
   return f == 1 ? expand_fields<1>(w) : f == 2 ? expand_fields<2>(w) : f == 3 ? expand_fields<3>(w) : w;
 }
 
+// The bit permutations of the plane coder as a policy: this portable one for host and device;
+// the CPU handlers substitute BMI2 pdep/pext where the CPU has fast ones (same results).
+struct PortableBits {
+  template <typename UInt>
+  static JAXHC_HD uint64_t window(const UInt* u, int k) { return plane_window(u, k); }
+  template <typename UInt>
+  static JAXHC_HD void deposit(UInt* u, int k, uint64_t w) { deposit_window(u, k, w); }
+  static JAXHC_HD uint64_t compact(uint64_t w, int f) { return detail::compact(w, f); }
+  static JAXHC_HD uint64_t expand(uint64_t w, int f) { return detail::expand(w, f); }
+};
+
 // Bit-plane coding of the negabinary coefficients u (zfp's encode_few_ints), at most end bits
 // appended to out; returns how many. The planes alternate between an event (coefficient n or a
 // later one has its top one-bit in the plane: coded through the tables) and the run up to the next
 // event (sent in bulk from a 16-plane window). The first nonzero plane is an event.
-template <typename UInt, typename Sink>
+template <typename Bits, typename UInt, typename Sink>
 JAXHC_HD int encode_ints(const UInt* u, int maxprec, Sink& out, int end) {
   constexpr int prec = 8 * sizeof(UInt);
   const int kmin = prec > maxprec ? prec - maxprec : 0;
@@ -387,9 +398,9 @@ JAXHC_HD int encode_ints(const UInt* u, int maxprec, Sink& out, int end) {
   if (k < kmin) return 0;
   int pos = min_int(prec - 1 - k, end), n = 0, base = k;
   out.put(0, pos);
-  uint64_t w = plane_window(u, base);
+  uint64_t w = Bits::window(u, base);
   while (pos < end) {
-    if (base - k >= 16) w = plane_window(u, base = k);
+    if (base - k >= 16) w = Bits::window(u, base = k);
     Plane p = plane_code(n, static_cast<uint32_t>(w >> (4 * (base - k))) & 0xf);
     int nb = min_int(p.len, end - pos);  // a code cut by the budget is its prefix: its low bits
     out.put(low_bits(p.bits, nb), nb);
@@ -400,10 +411,10 @@ JAXHC_HD int encode_ints(const UInt* u, int maxprec, Sink& out, int end) {
     int event = r ? prec - 1 - clz(r) : -1, f = n < 4 ? n + 1 : 4;
     if (event < kmin) event = kmin - 1;
     while (k > event && pos < end) {
-      if (base - k >= 16) w = plane_window(u, base = k);
+      if (base - k >= 16) w = Bits::window(u, base = k);
       int cnt = min_int(k - event, 16 - (base - k));
       nb = min_int(f * cnt, end - pos);  // so is a cut run
-      out.put(low_bits(compact(w >> (4 * (base - k)), f), nb), nb);
+      out.put(low_bits(Bits::compact(w >> (4 * (base - k)), f), nb), nb);
       pos += nb;
       k -= cnt;
     }
@@ -415,7 +426,7 @@ JAXHC_HD int encode_ints(const UInt* u, int maxprec, Sink& out, int end) {
 // The inverse of encode_ints (zfp's decode_few_ints); u must be zero on entry. A run ends at the
 // first group-test bit that is set (bits past the budget read as 0: no group test, zero-extended
 // planes). Decoded planes gather in a 16-plane window deposited into u when full.
-template <typename UInt>
+template <typename Bits, typename UInt>
 JAXHC_HD void decode_ints(const uint64_t* in, int maxprec, UInt* u, int pos, int end) {
   constexpr int prec = 8 * sizeof(UInt);
   const int kmin = prec > maxprec ? prec - maxprec : 0;
@@ -429,7 +440,7 @@ JAXHC_HD void decode_ints(const uint64_t* in, int maxprec, UInt* u, int pos, int
   uint64_t w = 0;
   bool more = true;
   while (more) {
-    if (base - k >= 16) deposit_window(u, base, w), base = k, w = 0;
+    if (base - k >= 16) Bits::deposit(u, base, w), base = k, w = 0;
     int budget = end - pos;
     uint32_t s = static_cast<uint32_t>(get_bits(in, pos, min_int(kMaxPlaneCode, budget)));
     Plane p = plane_read(n, s, budget);
@@ -438,9 +449,9 @@ JAXHC_HD void decode_ints(const uint64_t* in, int maxprec, UInt* u, int pos, int
     n = p.n;
     more = --k >= kmin && pos < end;
     for (int f = n < 4 ? n + 1 : 4; more;) {  // the run, a window at a time, up to an event
-      if (base - k >= 16) deposit_window(u, base, w), base = k, w = 0;
+      if (base - k >= 16) Bits::deposit(u, base, w), base = k, w = 0;
       int o = base - k, cnt = min_int(16 - o, k - kmin + 1);
-      uint64_t run = expand(get_bits(in, pos, min_int(64, end - pos)), f) & low_bits(~uint64_t{0}, 4 * cnt);
+      uint64_t run = Bits::expand(get_bits(in, pos, min_int(64, end - pos)), f) & low_bits(~uint64_t{0}, 4 * cnt);
       uint64_t tests = n < 4 ? run & (0x1111111111111111ull << n) : 0;
       int j = tests ? ctz64(tests) >> 2 : cnt;
       w |= (run & low_bits(~uint64_t{0}, 4 * j)) << (4 * o);
@@ -450,7 +461,7 @@ JAXHC_HD void decode_ints(const uint64_t* in, int maxprec, UInt* u, int pos, int
       if (j < cnt) break;  // plane k is an event
     }
   }
-  deposit_window(u, base, w);
+  Bits::deposit(u, base, w);
 }
 
 // zfp's lifting transforms on two's complement integers held as UInt (wrapping like zfp's ints).
@@ -483,6 +494,8 @@ JAXHC_HD void inv_lift(typename Traits<Scalar>::UInt* p) {
 }
 
 }  // namespace detail
+
+using detail::PortableBits;
 
 // Block b of x[0, n) as zfp codes it: a partial last block padded by zfp's pad_block.
 template <typename Scalar>
@@ -519,7 +532,7 @@ JAXHC_HD void put_zeros(Sink& out, int n) {
 
 // Appends the code of 4 values to out: exactly maxbits bits (valid_maxbits). Returns whether all
 // 4 values are finite.
-template <typename Scalar, typename Sink>
+template <typename Bits = PortableBits, typename Scalar, typename Sink>
 JAXHC_HD bool encode_block(const Scalar* v, int maxbits, Sink& out) {
   using F = Format<Scalar>;
   using UInt = typename F::UInt;
@@ -552,12 +565,12 @@ JAXHC_HD bool encode_block(const Scalar* v, int maxbits, Sink& out) {
   detail::fwd_lift<Scalar>(u);
   for (int i = 0; i < 4; i++) u[i] = (u[i] + F::kNbMask) ^ F::kNbMask;
   int budget = maxbits - F::kMinBits;
-  put_zeros(out, budget - detail::encode_ints(u, detail::precision(emax), out, budget));
+  put_zeros(out, budget - detail::encode_ints<Bits>(u, detail::precision(emax), out, budget));
   return finite;
 }
 
 // Decodes one block from its maxbits bits in in[0, ceil(maxbits / 64)).
-template <typename Scalar>
+template <typename Bits = PortableBits, typename Scalar>
 JAXHC_HD void decode_block(const uint64_t* in, int maxbits, Scalar* v) {
   using F = Format<Scalar>;
   using UInt = typename F::UInt;
@@ -568,7 +581,7 @@ JAXHC_HD void decode_block(const uint64_t* in, int maxbits, Scalar* v) {
   }
   int emax = static_cast<int>((in[0] >> 1) & ((1u << F::kEbits) - 1)) - F::kEbias;
   UInt u[4] = {0, 0, 0, 0};
-  detail::decode_ints(in, detail::precision(emax), u, F::kMinBits, maxbits);
+  detail::decode_ints<Bits>(in, detail::precision(emax), u, F::kMinBits, maxbits);
   for (int i = 0; i < 4; i++) u[i] = (u[i] ^ F::kNbMask) - F::kNbMask;
   detail::inv_lift<Scalar>(u);
   int shift = emax - (F::kIntPrec - 2);

@@ -3,8 +3,14 @@
 // Work is split over threads in groups of blocks whose bit ranges start on a 64-bit word
 // (64 / gcd(maxbits, 64) blocks), so each thread writes whole words of its own and every word of
 // the payload, the zero padding of the last one included, is written exactly once.
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "core/zfp.h"
 #include "cpu/handlers.h"
@@ -73,38 +79,118 @@ void parallel_groups(const Rows& r, int maxbits, Fn&& fn) {
   });
 }
 
+// The blocks [b0, b1) of one row, coded into the stream from word `words` on (b0 starts a word).
+template <typename Scalar, typename Bits>
+inline bool encode_blocks(const Scalar* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
+                          uint64_t* words) {
+  WordWriter out(words);
+  bool ok = true;
+  for (uint64_t b = b0; b < b1; b++) {
+    Scalar v[4];
+    jaxhc::zfp::load_block(x, n, b, v);
+    ok &= jaxhc::zfp::encode_block<Bits>(v, maxbits, out);
+  }
+  out.flush();  // only the row's last group ends inside a word
+  return ok;
+}
+
+template <typename Scalar, typename Bits>
+inline void decode_blocks(const uint64_t* words, uint64_t nwords, uint64_t n, uint64_t b0,
+                          uint64_t b1, int maxbits, Scalar* x) {
+  uint64_t in[Format<Scalar>::kWords];
+  for (uint64_t b = b0; b < b1; b++) {
+    Scalar v[4];
+    jaxhc::zfp::load_block_bits(words, nwords, b, maxbits, in);
+    jaxhc::zfp::decode_block<Bits>(in, maxbits, v);
+    std::memcpy(x + 4 * b, v, std::min<uint64_t>(4, n - 4 * b) * sizeof(Scalar));
+  }
+}
+
+template <typename Scalar>
+struct Kernels {
+  bool (*encode)(const Scalar*, uint64_t, uint64_t, uint64_t, int, uint64_t*);
+  void (*decode)(const uint64_t*, uint64_t, uint64_t, uint64_t, uint64_t, int, Scalar*);
+};
+
+#if defined(__x86_64__)
+// The plane coder's bit permutations as single BMI2 instructions (the same bits as PortableBits).
+struct Bmi2Bits {
+  template <typename UInt>
+  __attribute__((target("bmi,bmi2"))) static uint64_t window(const UInt* u, int k) {
+    constexpr int prec = 8 * sizeof(UInt);
+    uint64_t m = 0;
+    for (int i = 0; i < 4; i++)
+      m |= _pdep_u64(static_cast<UInt>(u[i] << (prec - 1 - k)) >> (prec - 16),
+                     0x1111111111111111ull << i);
+    return jaxhc::zfp::detail::reverse_nibbles(m);
+  }
+  template <typename UInt>
+  __attribute__((target("bmi,bmi2"))) static void deposit(UInt* u, int k, uint64_t w) {
+    constexpr int prec = 8 * sizeof(UInt);
+    uint64_t m = jaxhc::zfp::detail::reverse_nibbles(w);
+    for (int i = 0; i < 4; i++)
+      u[i] |= static_cast<UInt>(static_cast<UInt>(_pext_u64(m, 0x1111111111111111ull << i))
+                                << (prec - 16)) >> (prec - 1 - k);
+  }
+  __attribute__((target("bmi,bmi2"))) static uint64_t compact(uint64_t w, int f) {
+    return _pext_u64(w, ((uint64_t{1} << f) - 1) * 0x1111111111111111ull);
+  }
+  __attribute__((target("bmi,bmi2"))) static uint64_t expand(uint64_t w, int f) {
+    return _pdep_u64(w, ((uint64_t{1} << f) - 1) * 0x1111111111111111ull);
+  }
+};
+
+// Compiled for BMI2 with every call inlined (flatten), so the pdep/pext above inline too.
+template <typename Scalar>
+__attribute__((target("bmi,bmi2"), flatten)) bool encode_blocks_bmi2(
+    const Scalar* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits, uint64_t* words) {
+  return encode_blocks<Scalar, Bmi2Bits>(x, n, b0, b1, maxbits, words);
+}
+
+template <typename Scalar>
+__attribute__((target("bmi,bmi2"), flatten)) void decode_blocks_bmi2(
+    const uint64_t* words, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
+    Scalar* x) {
+  decode_blocks<Scalar, Bmi2Bits>(words, nwords, n, b0, b1, maxbits, x);
+}
+
+// pdep/pext are single fast instructions on Intel since Haswell and AMD since Zen 3; Zen 1/2
+// microcode them (hundreds of cycles), so those take the portable code.
+bool fast_bmi2() {
+  static const bool fast = __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+                           !__builtin_cpu_is("znver1") && !__builtin_cpu_is("znver2");
+  return fast;
+}
+#endif
+
+// JAXHC_ZFP_PORTABLE=1 forces the portable code (the tests check both give zfpy's stream).
+template <typename Scalar>
+Kernels<Scalar> kernels() {
+#if defined(__x86_64__)
+  const char* portable = std::getenv("JAXHC_ZFP_PORTABLE");
+  if (fast_bmi2() && !(portable && *portable && *portable != '0'))
+    return {encode_blocks_bmi2<Scalar>, decode_blocks_bmi2<Scalar>};
+#endif
+  return {encode_blocks<Scalar, jaxhc::zfp::PortableBits>,
+          decode_blocks<Scalar, jaxhc::zfp::PortableBits>};
+}
+
 template <typename Scalar>
 void encode_rows(const Scalar* x, uint64_t* payload, bool* finite, const Rows& r, int maxbits) {
   for (uint64_t row = 0; row < r.rows; row++) finite[row] = true;
+  Kernels<Scalar> k = kernels<Scalar>();
   parallel_groups(r, maxbits, [&](uint64_t row, uint64_t b0, uint64_t b1) {
-    const Scalar* xr = x + row * r.n;
-    WordWriter out(payload + row * (r.bytes / 8) + b0 * maxbits / 64);
-    bool ok = true;
-    for (uint64_t b = b0; b < b1; b++) {
-      Scalar v[4];
-      jaxhc::zfp::load_block(xr, r.n, b, v);
-      ok &= jaxhc::zfp::encode_block(v, maxbits, out);
-    }
-    out.flush();  // only the row's last group ends inside a word
-    if (!ok) __atomic_store_n(&finite[row], false, __ATOMIC_RELAXED);
+    uint64_t* words = payload + row * (r.bytes / 8) + b0 * maxbits / 64;
+    if (!k.encode(x + row * r.n, r.n, b0, b1, maxbits, words))
+      __atomic_store_n(&finite[row], false, __ATOMIC_RELAXED);
   });
 }
 
 template <typename Scalar>
 void decode_rows(const uint64_t* payload, Scalar* x, const Rows& r, int maxbits) {
+  Kernels<Scalar> k = kernels<Scalar>();
   parallel_groups(r, maxbits, [&](uint64_t row, uint64_t b0, uint64_t b1) {
-    const uint64_t* words = payload + row * (r.bytes / 8);
-    Scalar* xr = x + row * r.n;
-    uint64_t in[Format<Scalar>::kWords];
-    for (uint64_t b = b0; b < b1; b++) {
-      Scalar v[4];
-      jaxhc::zfp::load_block_bits(words, r.bytes / 8, b, maxbits, in);
-      jaxhc::zfp::decode_block(in, maxbits, v);
-      if (4 * b + 4 <= r.n)
-        std::memcpy(xr + 4 * b, v, sizeof v);
-      else
-        std::memcpy(xr + 4 * b, v, (r.n - 4 * b) * sizeof(Scalar));
-    }
+    k.decode(payload + row * (r.bytes / 8), r.bytes / 8, r.n, b0, b1, maxbits, x + row * r.n);
   });
 }
 
