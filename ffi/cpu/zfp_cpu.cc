@@ -74,9 +74,9 @@ template <typename Fn>
 void parallel_groups(const Rows& r, int maxbits, Fn&& fn) {
   uint64_t group = group_blocks(maxbits);
   uint64_t total = r.rows * (((r.n + 3) / 4 + group - 1) / group);
-  jaxhc::parallel_for(total, std::max<uint64_t>(1, kGrainBlocks / group), [&](size_t g0, size_t g1) {
-    for_groups(r, group, g0, g1, fn);
-  });
+  uint64_t grain = std::max<uint64_t>(1, kGrainBlocks / group);
+  jaxhc::parallel_for(total, grain,
+                      [&](size_t g0, size_t g1) { for_groups(r, group, g0, g1, fn); });
 }
 
 // The blocks [b0, b1) of one row, coded into the stream from word `words` on (b0 starts a word).

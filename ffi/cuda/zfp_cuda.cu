@@ -90,7 +90,8 @@ ffi::Error encode_typed(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer pa
   uint64_t items = r.rows * (r.bytes / 8);
   if (items)
     encode_kernel<Scalar><<<grid_for(items), kThreads, 0, stream>>>(
-        static_cast<const Scalar*>(x.untyped_data()), static_cast<uint64_t*>(payload.untyped_data()),
+        static_cast<const Scalar*>(x.untyped_data()),
+        static_cast<uint64_t*>(payload.untyped_data()),
         static_cast<bool*>(finite.untyped_data()), r, static_cast<int>(maxbits));
   return launched(op);
 }
@@ -109,8 +110,8 @@ ffi::Error decode_typed(cudaStream_t stream, ffi::AnyBuffer payload, ffi::AnyBuf
   uint64_t items = r.rows * ((r.n + 3) / 4);
   if (items)
     decode_kernel<Scalar><<<grid_for(items), kThreads, 0, stream>>>(
-        static_cast<const uint64_t*>(payload.untyped_data()), static_cast<Scalar*>(x.untyped_data()),
-        r, static_cast<int>(maxbits));
+        static_cast<const uint64_t*>(payload.untyped_data()),
+        static_cast<Scalar*>(x.untyped_data()), r, static_cast<int>(maxbits));
   return launched(op);
 }
 
