@@ -216,9 +216,9 @@ JAXHC_HD bool encode_block(const Scalar* v, int maxbits, Sink& out) {
   using F = Format<Scalar>;
   using UInt = typename F::UInt;
   UInt bits[4], amax = 0;
+  memcpy(bits, v, sizeof bits);  // (straight from memory into integer registers)
   bool finite = true;
   for (int i = 0; i < 4; i++) {
-    bits[i] = detail::to_bits(v[i]);
     UInt a = bits[i] & ~F::kSign;  // NaN is left out of the max (zfp's `max < f` is false)
     finite &= a < F::kInf;
     a &= UInt(0) - UInt(a <= F::kInf);

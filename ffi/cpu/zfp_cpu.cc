@@ -85,9 +85,12 @@ inline bool encode_blocks(const Scalar* x, uint64_t n, uint64_t b0, uint64_t b1,
                           uint64_t* words) {
   WordWriter out(words);
   bool ok = true;
-  for (uint64_t b = b0; b < b1; b++) {
+  uint64_t full = std::min(b1, n / 4);
+  for (uint64_t b = b0; b < full; b++)
+    ok &= jaxhc::zfp::encode_block<Bits>(x + 4 * b, maxbits, out);
+  if (full < b1) {  // the row's partial last block
     Scalar v[4];
-    jaxhc::zfp::load_block(x, n, b, v);
+    jaxhc::zfp::load_block(x, n, full, v);
     ok &= jaxhc::zfp::encode_block<Bits>(v, maxbits, out);
   }
   out.flush();  // only the row's last group ends inside a word
@@ -99,10 +102,14 @@ inline void decode_blocks(const uint64_t* words, uint64_t nwords, uint64_t n, ui
                           uint64_t b1, int maxbits, Scalar* x) {
   uint64_t in[Format<Scalar>::kWords];
   for (uint64_t b = b0; b < b1; b++) {
-    Scalar v[4];
     jaxhc::zfp::load_block_bits(words, nwords, b, maxbits, in);
-    jaxhc::zfp::decode_block<Bits>(in, maxbits, v);
-    std::memcpy(x + 4 * b, v, std::min<uint64_t>(4, n - 4 * b) * sizeof(Scalar));
+    if (4 * b + 4 <= n) {
+      jaxhc::zfp::decode_block<Bits>(in, maxbits, x + 4 * b);
+    } else {  // the row's partial last block
+      Scalar v[4];
+      jaxhc::zfp::decode_block<Bits>(in, maxbits, v);
+      std::memcpy(x + 4 * b, v, (n - 4 * b) * sizeof(Scalar));
+    }
   }
 }
 
