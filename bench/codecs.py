@@ -28,15 +28,17 @@ ZFP_RATES = (4, 8, 16, 24)
 DTYPES = ("float32", "bfloat16")
 
 
-def timings(fn, repeats: int) -> tuple[float, float]:
-    """(best, median) seconds of fn(), which returns what to wait for; after one warm-up call."""
+def timings(fn, repeats: int) -> dict:
+    """Seconds of fn() (which returns what to wait for) after one warm-up call: the best and the
+    median wall time, and the least CPU time of the process (all threads: robust to other load)."""
     jax.block_until_ready(fn())
-    ts = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         jax.block_until_ready(fn())
-        ts.append(time.perf_counter() - t)
-    return min(ts), statistics.median(ts)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return {"s": min(wall), "median_s": statistics.median(wall), "cpu_s": min(cpu)}
 
 
 def data(n: int) -> np.ndarray:
@@ -53,13 +55,9 @@ def bench_jaxhc(codec, x: jax.Array, repeats: int) -> dict:
         payload = jax.block_until_ready(encode(x))
     except Exception as e:  # noqa: BLE001 - a codec not built yet (the MPC branch) reports n/a
         return {"error": str(e).strip().splitlines()[-1][:100]}
-    enc, enc_med = timings(lambda: encode(x), repeats)
-    dec, dec_med = timings(lambda: decode(payload), repeats)
     return {
-        "encode_s": enc,
-        "decode_s": dec,
-        "encode_median_s": enc_med,
-        "decode_median_s": dec_med,
+        "encode": timings(lambda: encode(x), repeats),
+        "decode": timings(lambda: decode(payload), repeats),
         "ratio": x.nbytes / payload.nbytes,
     }
 
@@ -67,25 +65,21 @@ def bench_jaxhc(codec, x: jax.Array, repeats: int) -> dict:
 def bench_zfpy(x: np.ndarray, rate: float, repeats: int) -> dict:
     stream = zfpy.compress_numpy(x, rate=rate, write_header=False)
     ztype, shape = zfpy.dtype_to_ztype(x.dtype), list(x.shape)
-    enc, enc_med = timings(lambda: zfpy.compress_numpy(x, rate=rate, write_header=False), repeats)
-    dec, dec_med = timings(lambda: zfpy._decompress(stream, ztype, shape, rate=rate), repeats)
     return {
-        "encode_s": enc,
-        "decode_s": dec,
-        "encode_median_s": enc_med,
-        "decode_median_s": dec_med,
+        "encode": timings(lambda: zfpy.compress_numpy(x, rate=rate, write_header=False), repeats),
+        "decode": timings(lambda: zfpy._decompress(stream, ztype, shape, rate=rate), repeats),
         "ratio": x.nbytes / len(stream),
     }
 
 
 def bench_memcpy(x: np.ndarray, repeats: int) -> dict:
     dst = np.empty_like(x)
-    best, med = timings(lambda: np.copyto(dst, x), repeats)
-    return {"encode_s": best, "decode_s": best, "encode_median_s": med, "decode_median_s": med}
+    t = timings(lambda: np.copyto(dst, x), repeats)
+    return {"encode": t, "decode": t}
 
 
-def gbps(nbytes: int, seconds: float | None) -> float | None:
-    return None if seconds is None else nbytes / seconds / 1e9
+def gbps(nbytes: int, seconds: float) -> float | None:
+    return nbytes / seconds / 1e9 if seconds > 0 else None
 
 
 def run(n: int, repeats: int) -> list[dict]:
@@ -113,7 +107,9 @@ def run(n: int, repeats: int) -> list[dict]:
     return rows
 
 
-def table_rows(rows: list[dict]) -> list[list[str]]:
+def table_rows(rows: list[dict], key: str) -> list[list[str]]:
+    """One line per row: GB/s from the `key` seconds ("s": wall, "cpu_s": CPU) and ours/zfpy."""
+
     def num(v, fmt="{:.3f}"):
         return "n/a" if v is None else fmt.format(v)
 
@@ -123,8 +119,8 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
         if "error" in ours:
             out.append([r["codec"], r["dtype"], "n/a", "n/a", "", "", "", "", ours["error"]])
             continue
-        enc, dec = (gbps(r["bytes"], ours[k]) for k in ("encode_s", "decode_s"))
-        zenc, zdec = (gbps(r["bytes"], z[k]) if z else None for k in ("encode_s", "decode_s"))
+        enc, dec = (gbps(r["bytes"], ours[op][key]) for op in ("encode", "decode"))
+        zenc, zdec = (gbps(r["bytes"], z[op][key]) if z else None for op in ("encode", "decode"))
         note = num(ours["ratio"], "{:.1f}") if "ratio" in ours else ""
         if "zfpy" in r and z is None:
             note += "  (zfpy has no bfloat16)"
@@ -138,8 +134,8 @@ HEADER = ["codec", "dtype", "enc GB/s", "dec GB/s", "zfpy enc", "zfpy dec", "enc
           "ratio"]  # fmt: skip
 
 
-def print_table(rows: list[dict], title: str) -> None:
-    body = table_rows(rows)
+def print_table(rows: list[dict], title: str, key: str) -> None:
+    body = table_rows(rows, key)
     try:
         from rich.console import Console
         from rich.table import Table
@@ -191,10 +187,9 @@ def main() -> None:
     ap.add_argument("--out", help="write the results here as JSON")
     args = ap.parse_args()
     rows = run(args.n, args.repeats)
-    title = (
-        f"codec throughput, n={args.n}, best of {args.repeats} (GB/s of input), {jax.devices()[0]}"
-    )
-    print_table(rows, title)
+    what = f"n={args.n}, best of {args.repeats}, GB/s of input, {jax.devices()[0]}"
+    print_table(rows, f"codec throughput (wall clock), {what}", "s")
+    print_table(rows, f"per CPU-second (process CPU time, all threads), {what}", "cpu_s")
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         result = {
