@@ -211,9 +211,11 @@ def test_vmap_rows_equal_single_rows(device):
     assert batched.payload.shape == (len(xs), codec.payload_bytes(777, jnp.float32))
     ys = jax.jit(jax.vmap(lambda p: codec.decode(p, (777,), jnp.float32)))(batched.payload)
     for i, x in enumerate(xs):
+        single, single_y, _ = ours_roundtrip(x, 5.5, device)
         stream, ref_y = zfpy_roundtrip(x, 5.5)
-        assert np.asarray(batched.payload[i]).tobytes() == stream
-        np.testing.assert_array_equal(bits(np.asarray(ys[i])), bits(ref_y))
+        assert np.asarray(batched.payload[i]).tobytes() == single == stream
+        np.testing.assert_array_equal(bits(np.asarray(ys[i])), bits(single_y))
+        np.testing.assert_array_equal(bits(single_y), bits(ref_y))
 
 
 def test_inside_shard_map_on_8_host_devices():
