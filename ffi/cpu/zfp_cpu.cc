@@ -2,7 +2,8 @@
 //
 // Work is split over threads in groups of blocks whose bit ranges start on a 64-bit word
 // (64 / gcd(maxbits, 64) blocks), so each thread writes whole words of its own and every word of
-// the payload, the zero padding of the last one included, is written exactly once.
+// the payload, the zero padding of the last one included, is written exactly once. The block
+// loops exist twice: portable, and with BMI2 bit permutations picked at run time (x86-64).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
