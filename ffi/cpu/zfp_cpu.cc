@@ -5,6 +5,7 @@
 // the payload, the zero padding of the last one included, is written exactly once. The block
 // loops exist twice: portable, and with BMI2 bit permutations picked at run time (x86-64).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -71,13 +72,24 @@ void for_groups(const Rows& r, uint64_t group, uint64_t g0, uint64_t g1, Fn&& fn
   }
 }
 
+// Runs fn over all block groups: one thread per core, each taking the next chunk of groups
+// until none is left, so a thread the OS runs less (a busy machine) simply takes fewer chunks.
 template <typename Fn>
 void parallel_groups(const Rows& r, int maxbits, Fn&& fn) {
   uint64_t group = group_blocks(maxbits);
   uint64_t total = r.rows * (((r.n + 3) / 4 + group - 1) / group);
   uint64_t grain = std::max<uint64_t>(1, kGrainBlocks / group);
-  jaxhc::parallel_for(total, grain,
-                      [&](size_t g0, size_t g1) { for_groups(r, group, g0, g1, fn); });
+  uint64_t threads = std::min<uint64_t>(jaxhc::host_threads(), total / grain);
+  if (threads <= 1) {
+    for_groups(r, group, 0, total, fn);
+    return;
+  }
+  uint64_t chunk = std::max(grain, total / (8 * threads));
+  std::atomic<uint64_t> next{0};
+  jaxhc::parallel_for(threads, 1, [&](size_t, size_t) {
+    for (uint64_t g0; (g0 = next.fetch_add(chunk)) < total;)
+      for_groups(r, group, g0, std::min(total, g0 + chunk), fn);
+  });
 }
 
 // The blocks [b0, b1) of one row, coded into the stream from word `words` on (b0 starts a word).
