@@ -5,8 +5,8 @@
 // bits in its word (one block codes into a local buffer, then its slice is shifted into place) and
 // stores the word once. Nothing is shared between threads, so no atomics and no zeroing pass are
 // needed, the padding comes out zero, and coalesced reads and writes follow from consecutive
-// threads taking consecutive words. A block that straddles w words is coded w times: none at
-// rates 8 and 16 (float32), about twice at the rates in between; coding is cheap next to memory.
+// threads taking consecutive words. A block spanning w words is coded w times: always once at
+// float32 rates 8 and 16, 1 + (maxbits - 1) / 64 times on average otherwise.
 // Decode runs one thread per block: it copies the block's bits out of the stream and writes its
 // (up to) 4 values.
 #include <cuda_runtime.h>
