@@ -5,6 +5,7 @@ counts 2 bytes per value). Each time is the best of --repeats runs after one war
 also keeps the median. zfpy runs single-threaded on float32 only (it has no bfloat16).
 
     python bench/codecs.py --out bench/results/codecs.json [--n 16777216] [--repeats 7]
+        [--rates 4 8 16 24] [--dtypes float32 bfloat16]
 """
 
 from __future__ import annotations
@@ -82,14 +83,14 @@ def gbps(nbytes: int, seconds: float) -> float | None:
     return nbytes / seconds / 1e9 if seconds > 0 else None
 
 
-def run(n: int, repeats: int) -> list[dict]:
+def run(n: int, repeats: int, rates, dtypes) -> list[dict]:
     base = data(n)
     rows = []
-    for dtype in DTYPES:
+    for dtype in dtypes:
         x_np = base.astype(jnp.dtype(dtype))
         x = jax.device_put(x_np)
         nbytes = x_np.nbytes
-        for codec in [*(Zfp(rate=r) for r in ZFP_RATES), Mpc()]:
+        for codec in [*(Zfp(rate=r) for r in rates), Mpc()]:
             ours = bench_jaxhc(codec, x, repeats)
             row = {"codec": codec.spec, "dtype": dtype, "bytes": nbytes, "jaxhc": ours}
             if isinstance(codec, Zfp):
@@ -184,9 +185,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1 << 24, help="values per array (default 16M)")
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (best kept)")
+    ap.add_argument("--rates", type=float, nargs="+", default=ZFP_RATES, help="ZFP rates")
+    ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
     ap.add_argument("--out", help="write the results here as JSON")
     args = ap.parse_args()
-    rows = run(args.n, args.repeats)
+    rows = run(args.n, args.repeats, args.rates, args.dtypes)
     what = f"n={args.n}, best of {args.repeats}, GB/s of input, {jax.devices()[0]}"
     print_table(rows, f"codec throughput (wall clock), {what}", "s")
     print_table(rows, f"per CPU-second (process CPU time, all threads), {what}", "cpu_s")
