@@ -108,9 +108,8 @@ JAXHC_HD void deposit_window(UInt* u, int k, uint64_t w) {
 // The code of one bit plane x (bit i = coefficient i) when the first n coefficients are already
 // significant: their n bits verbatim, then for the rest a group test (any one-bit left?) and, if
 // so, a unary scan to the next one-bit (the last position's one-bit is implied), repeated.
-// For decoding, bits is the code in the stream and the plane is read into bits.
 struct Plane {
-  uint32_t bits;
+  uint32_t bits;  // the code (encode_plane), or the decoded plane x (decode_plane)
   int len;  // code length
   int n;    // significant coefficients after this plane
 };
