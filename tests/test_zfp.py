@@ -1,0 +1,294 @@
+"""ZFP fixed-rate codec against the outside oracle zfpy (the zfpy 1.0.1 wheel).
+
+Every stream must be byte-identical to ``zfpy.compress_numpy(x, rate, write_header=False)`` and
+every decoded value bit-identical to zfpy's decompression of that stream. The same assertions run
+on each platform jax offers (the GPU ones are marked ``gpu`` and skipped without a GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import zfpy
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from jaxhc.codecs import Zfp
+
+F32_RATES = [3, 4, 5.5, 8, 12.25, 16, 24, 32]
+F64_RATES = F32_RATES + [40, 64]
+
+
+def _has_gpu() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+PLATFORMS = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param(
+        "gpu",
+        id="gpu",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not _has_gpu(), reason="no GPU")],
+    ),
+]
+
+
+@pytest.fixture(params=PLATFORMS)
+def device(request):
+    return jax.devices(request.param)[0]
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+# --- the oracle and our codec, side by side -------------------------------------------------------
+
+
+def zfpy_roundtrip(x: np.ndarray, rate: float) -> tuple[bytes, np.ndarray]:
+    stream = zfpy.compress_numpy(x, rate=rate, write_header=False)
+    y = zfpy._decompress(stream, zfpy.dtype_to_ztype(x.dtype), list(x.shape), rate=rate)
+    return stream, np.asarray(y)
+
+
+@functools.lru_cache(maxsize=64)
+def _roundtrip_fn(rate: float, shape: tuple, dtype):
+    codec = Zfp(rate=rate)
+
+    def roundtrip(x):
+        e = codec.encode(x)
+        return e.payload, e.ok, codec.decode(e.payload, shape, dtype)
+
+    return jax.jit(roundtrip)
+
+
+def ours_roundtrip(x: np.ndarray, rate: float, device) -> tuple[bytes, np.ndarray, bool]:
+    payload, ok, y = _roundtrip_fn(rate, x.shape, x.dtype)(jax.device_put(x, device))
+    return np.asarray(payload).tobytes(), np.asarray(y), bool(ok)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
+def assert_matches_zfpy(x: np.ndarray, rate: float, device) -> None:
+    stream, y, ok = ours_roundtrip(x, rate, device)
+    ref_stream, ref_y = zfpy_roundtrip(x, rate)
+    assert stream == ref_stream, f"stream differs from zfpy: n={x.size} rate={rate} {x.dtype}"
+    np.testing.assert_array_equal(bits(y), bits(ref_y), err_msg=f"n={x.size} rate={rate}")
+    assert ok == bool(np.isfinite(x).all())
+
+
+def families(dtype, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    fi = np.finfo(dtype)
+    t = np.arange(n)
+    with np.errstate(over="ignore", under="ignore"):
+        out = {
+            "smooth": np.sin(t * 0.01) * 100 + np.cos(t * 0.003),
+            "walk": np.cumsum(rng.standard_normal(n)),
+            "noisy": rng.standard_normal(n),
+            "constant": np.full(n, 3.25),
+            "magnitudes": rng.standard_normal(n) * 10.0 ** rng.uniform(-30, 30, n),
+            "denormals": rng.integers(-(2**20), 2**20, n) * float(fi.smallest_subnormal),
+            "tiny": rng.standard_normal(n) * float(fi.tiny) * 2.0 ** rng.integers(-20, 40, n),
+            "huge": rng.standard_normal(n) * float(fi.max) / 4,
+            "zeros": np.zeros(n),
+            "negzeros": np.full(n, -0.0),
+        }
+        return {k: v.astype(dtype) for k, v in out.items()}
+
+
+# --- identity with zfpy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", F32_RATES)
+def test_float32_matches_zfpy(rate, device):
+    for x in families(np.float32, 1003).values():
+        assert_matches_zfpy(x, rate, device)
+
+
+@pytest.mark.parametrize("rate", F64_RATES)
+def test_float64_matches_zfpy(rate, device, x64):
+    for x in families(np.float64, 1003).values():
+        assert_matches_zfpy(x, rate, device)
+
+
+def some_lengths():
+    # every n % 4 and every block count up to 17, word/group boundaries (a group is at most 64
+    # blocks), and the longest; test_all_lengths covers 1..4099.
+    return [*range(1, 69), *range(127, 134), *range(255, 262), 1023, 1024, 1025, *range(4093, 4100)]
+
+
+@pytest.mark.parametrize("dtype,rate", [(np.float32, 8), (np.float64, 12.25)])
+def test_lengths_match_zfpy(dtype, rate, device, x64):
+    x = families(dtype, 4099, seed=1)["walk"]
+    for n in some_lengths():
+        assert_matches_zfpy(x[:n], rate, device)
+
+
+@pytest.mark.parametrize("dtype,rates", [(np.float32, F32_RATES), (np.float64, F64_RATES)])
+def test_portable_cpu_path_matches_zfpy(dtype, rates, monkeypatch, x64):
+    # The CPU module uses BMI2 pdep/pext where they are fast; this forces the portable bit code
+    # (also what the CUDA build runs).
+    monkeypatch.setenv("JAXHC_ZFP_PORTABLE", "1")
+    cpu = jax.devices("cpu")[0]
+    for rate in rates:
+        for x in families(dtype, 1001, seed=4).values():
+            assert_matches_zfpy(x, rate, cpu)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype,rate", [(np.float32, 8), (np.float64, 16)])
+def test_all_lengths_match_zfpy(dtype, rate, device, x64):
+    x = families(dtype, 4099, seed=2)["magnitudes"]
+    for n in range(1, 4100):
+        assert_matches_zfpy(x[:n], rate, device)
+
+
+@pytest.mark.parametrize(
+    "dtype,n,rate",
+    [(np.float32, 1 << 20, 8), (np.float32, 3_000_001, 16), (np.float64, 1_000_003, 24)],
+)
+def test_long_arrays_match_zfpy(dtype, n, rate, device, x64):
+    rng = np.random.default_rng(n)
+    x = (np.cumsum(rng.standard_normal(n)) * rng.uniform(0.5, 2, n)).astype(dtype)
+    assert_matches_zfpy(x, rate, device)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_narrow_floats_widen_to_float32(dtype, device):
+    x = families(np.float32, 999)["smooth"].astype(dtype)
+    codec = Zfp(rate=12)
+    e = jax.jit(codec.encode)(jax.device_put(x, device))
+    y = jax.jit(lambda p: codec.decode(p, x.shape, dtype))(e.payload)
+    ref_stream, ref_y = zfpy_roundtrip(x.astype(np.float32), 12)
+    assert np.asarray(e.payload).tobytes() == ref_stream
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(bits(np.asarray(y)), bits(ref_y.astype(dtype)))
+
+
+# --- non-finite input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nonfinite_reports_not_ok(dtype, device, x64):
+    x = families(dtype, 1001)["noisy"]
+    x[::7], x[3::11], x[5::13] = np.nan, np.inf, -np.inf
+    codec = Zfp(rate=8)
+    e = jax.jit(codec.encode)(jax.device_put(x, device))
+    assert not bool(e.ok)
+    y = np.asarray(jax.jit(lambda p: codec.decode(p, x.shape, dtype))(e.payload))
+    assert y.shape == x.shape
+    clean = x.copy()
+    clean[~np.isfinite(clean)] = 0
+    assert bool(jax.jit(codec.encode)(jax.device_put(clean, device)).ok)
+
+
+def test_finite_flag_is_per_row(device):
+    x = families(np.float32, 500)["walk"][None].repeat(4, axis=0)
+    x[2, 17] = np.nan
+    e = jax.jit(jax.vmap(Zfp(rate=8).encode))(jax.device_put(x, device))
+    assert np.asarray(e.ok).tolist() == [True, True, False, True]
+
+
+# --- transformations ---------------------------------------------------------------------------
+
+
+def test_vmap_rows_equal_single_rows(device):
+    xs = np.stack(list(families(np.float32, 777).values()))
+    codec = Zfp(rate=5.5)
+    batched = jax.jit(jax.vmap(codec.encode))(jax.device_put(xs, device))
+    assert batched.payload.shape == (len(xs), codec.payload_bytes(777, jnp.float32))
+    ys = jax.jit(jax.vmap(lambda p: codec.decode(p, (777,), jnp.float32)))(batched.payload)
+    for i, x in enumerate(xs):
+        single, single_y, _ = ours_roundtrip(x, 5.5, device)
+        stream, ref_y = zfpy_roundtrip(x, 5.5)
+        assert np.asarray(batched.payload[i]).tobytes() == single == stream
+        np.testing.assert_array_equal(bits(np.asarray(ys[i])), bits(single_y))
+        np.testing.assert_array_equal(bits(single_y), bits(ref_y))
+
+
+def test_inside_shard_map_on_8_host_devices():
+    devices = jax.devices("cpu")
+    assert len(devices) == 8, "tests/conftest.py forces 8 host devices"
+    mesh = Mesh(np.array(devices), ("x",))
+    codec = Zfp(rate=8)
+    n_local = 1001
+    x = families(np.float32, 8 * n_local)["walk"]
+
+    def per_shard(xs):
+        e = codec.encode(xs)
+        return e.payload, codec.decode(e.payload, xs.shape, xs.dtype)
+
+    fn = jax.jit(
+        jax.shard_map(per_shard, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    )
+    payload, y = fn(x)
+    size = codec.payload_bytes(n_local, jnp.float32)
+    payload, y = np.asarray(payload), np.asarray(y)
+    for s in range(8):
+        stream, ref_y = zfpy_roundtrip(x[s * n_local : (s + 1) * n_local], 8)
+        assert payload[s * size : (s + 1) * size].tobytes() == stream
+        np.testing.assert_array_equal(bits(y[s * n_local : (s + 1) * n_local]), bits(ref_y))
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rate,dtype,culprit",
+    [
+        (2, jnp.float32, "rate 2"),
+        (33, jnp.float32, "rate 33"),
+        (65, jnp.float64, "rate 65"),
+        (float("nan"), jnp.float32, "rate nan"),
+        (True, jnp.float32, "rate True"),
+    ],
+)
+def test_bad_rate_is_a_value_error(rate, dtype, culprit):
+    with pytest.raises(ValueError, match=culprit):
+        Zfp(rate=rate).encode(jnp.ones(8, dtype))
+
+
+def test_integer_dtype_is_a_value_error():
+    with pytest.raises(ValueError, match="int32"):
+        Zfp(rate=8).encode(jnp.ones(8, jnp.int32))
+
+
+def test_handler_rejects_bad_buffers():
+    x = jnp.ones(10, jnp.float32)
+    call = functools.partial(jax.ffi.ffi_call, "jaxhc_zfp_encode")
+    with pytest.raises(Exception, match="maxbits 300 is out of range"):
+        call((jax.ShapeDtypeStruct((160,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)))(
+            x, maxbits=300
+        )
+    with pytest.raises(Exception, match="payload shape"):
+        call((jax.ShapeDtypeStruct((7,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)))(
+            x, maxbits=32
+        )
+    with pytest.raises(Exception, match="float32 or float64"):
+        call((jax.ShapeDtypeStruct((8,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)))(
+            x.astype(jnp.int32), maxbits=32
+        )
+
+
+@pytest.mark.parametrize("dtype,rate", [(np.float32, 7), (np.float32, 32), (np.float64, 50)])
+def test_decode_of_arbitrary_bytes_matches_zfpy(dtype, rate, device, x64):
+    codec = Zfp(rate=rate)
+    rng = np.random.default_rng(3)
+    payload = rng.integers(0, 256, codec.payload_bytes(4001, dtype), dtype=np.uint8)
+    y = jax.jit(lambda p: codec.decode(p, (4001,), dtype))(jax.device_put(payload, device))
+    ref = zfpy._decompress(
+        payload.tobytes(), zfpy.dtype_to_ztype(np.dtype(dtype)), [4001], rate=rate
+    )
+    np.testing.assert_array_equal(bits(np.asarray(y)), bits(np.asarray(ref)))
