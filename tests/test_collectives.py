@@ -156,8 +156,9 @@ def test_zfp_all_gather_is_bit_identical_to_zfpy(parts):
     x = smooth_data(mesh, seed=3)
     got = np.asarray(run(lambda a: jaxhc.all_gather(a, axis, codec="zfp:8"), mesh, x))
     want = np.stack([_zfpy_round_trip(b.reshape(-1), 8) for b in np.asarray(x)])
+    got = got.reshape(parts, parts, -1)  # [rank, gathered block, values]
     for r in range(parts):
-        np.testing.assert_array_equal(got[r].reshape(parts, -1), want)
+        np.testing.assert_array_equal(got[r], want)
 
 
 @pytest.mark.parametrize("name", NAMES)
