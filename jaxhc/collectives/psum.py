@@ -92,7 +92,8 @@ def _compressed(x, axis_name, codec: Codec, kind):
             return t.all_gather_rows(reduced, axis_name)
 
         out = c.guarded(ok2, axis_name, codec, gather, gather_raw)
-        return out.reshape(-1)[:n].reshape(shape)
+        per = -(-max(n, 1) // parts)  # values per chunk before to_rows padded rows to m
+        return out[:, :per].reshape(-1)[:n].reshape(shape)
 
     def plain():
         c.record(axis_name, kind, raw, raw + agree, True)
