@@ -1,0 +1,183 @@
+"""The MPI transport against the XLA transport, bit for bit. Run under mpirun (`make test` does):
+
+    mpirun -np 4 --oversubscribe python -m pytest -p mpi_plugin -m mpi tests/test_mpi_transport.py
+
+Each rank runs its shard with MpiTransport (one process per device); rank 0 also runs the same
+per-shard function with `shard_map` on simulated host devices (the XLA transport) and broadcasts
+that reference; every rank compares its own output block bitwise. Meshes whose device count differs
+from the number of processes are skipped (so `-np 2` runs the 2-device meshes, `-np 4` the others).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import ml_dtypes
+import mpi_helpers as h
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+pytestmark = [pytest.mark.mpi]
+
+if h.mpi_ready():
+    pytest.skip(h.mpi_ready(), allow_module_level=True)
+
+from mpi4py import MPI  # noqa: E402
+
+import jaxhc  # noqa: E402
+from jaxhc.launch._blocks import local_block  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+
+
+def _need(shape):
+    n = int(np.prod(shape))
+    if n != SIZE:
+        pytest.skip(f"mesh {shape} needs mpirun -np {n} (this job has {SIZE} processes)")
+
+
+def _agree_on_failures(bad: list[str]) -> None:
+    """Fail on every rank if any rank saw a mismatch (so no rank moves on alone)."""
+    everyone = WORLD.allgather(bad)
+    lines = [f"rank {r}: {k}" for r, ks in enumerate(everyone) for k in ks]
+    assert not lines, "MPI results differ from XLA's:\n" + "\n".join(lines[:40])
+
+
+FULL = ("raw", "none")  # every axis choice; the other codecs run the five collectives on fewer
+
+
+@functools.cache
+def _steps(shape, kind, codec):
+    """(XLA step on rank 0 else None, MPI launcher, MPI step, specs), compiled once per module."""
+    mesh = h.mesh_shape(shape)
+    axes = tuple(mesh)
+    spec = P(axes)
+    if kind == "collectives":
+        body, out_specs = h.collectives_body(axes, h.CODECS[codec], full=codec in FULL), spec
+    else:
+        grad = h.loss_body(axes, h.CODECS[codec])
+        body, out_specs = (lambda x: {"grad": grad(x)}), {"grad": spec}
+    xla = None
+    if RANK == 0:
+        xla = jaxhc.Launcher(mesh, "xla").shard_map(body, in_specs=spec, out_specs=out_specs)
+    launcher = jaxhc.Launcher(mesh, "mpi")
+    mpi = launcher.shard_map(body, in_specs=spec, out_specs=out_specs)
+    return xla, launcher, mpi, spec, out_specs
+
+
+def _compare(shape, kind, codec, x):
+    """Run one program on both transports; each rank checks its block of XLA's result bitwise."""
+    xla, launcher, mpi, spec, out_specs = _steps(shape, kind, codec)
+    ref = None
+    if RANK == 0:
+        ref = {k: np.asarray(v) for k, v in xla(x).items()}
+    ref = WORLD.bcast(ref, root=0)
+    got = mpi(launcher.put(x, spec))
+    bad = []
+    for k in sorted(ref):
+        want = local_block(
+            out_specs if not isinstance(out_specs, dict) else out_specs[k],
+            ref[k],
+            launcher.grid.coords,
+            launcher.mesh_shape,
+        )
+        if not h.bits_equal(got[k], want):
+            mine = np.asarray(got[k])
+            bad.append(
+                f"{k}: got {mine.dtype}{list(mine.shape)}, want {want.dtype}{list(want.shape)}"
+            )
+    _agree_on_failures(bad)
+
+
+@pytest.mark.parametrize("codec", list(h.CODECS))
+@pytest.mark.parametrize("shape", h.MESHES, ids=h.mesh_id)
+def test_collectives_match_xla(shape, codec):
+    _need(shape)
+    h.skip_if_codec_missing(codec)
+    _compare(shape, "collectives", codec, h.global_input(shape))
+
+
+@pytest.mark.parametrize("codec", ["finite", "mpc0.9", "zfp8"])
+@pytest.mark.parametrize("shape", [(2,), (2, 2), (1, 2, 2)], ids=h.mesh_id)
+def test_fallback_agreed_across_ranks(shape, codec):
+    """A NaN on the last rank only: every rank takes the raw branch (no deadlock), as XLA does."""
+    _need(shape)
+    h.skip_if_codec_missing(codec)
+    _compare(shape, "collectives", codec, h.global_input(shape, nan_at=SIZE - 1))
+
+
+@pytest.mark.parametrize(
+    ("shape", "codec"),
+    [(s, c) for s in [(2,), (1, 2), (4,), (2, 2), (1, 2, 2)] for c in ("raw", "none")]
+    + [((2,), "finite"), ((2, 2), "finite")],
+    ids=lambda v: h.mesh_id(v) if isinstance(v, tuple) else v,
+)
+def test_gradients_match_xla(shape, codec):
+    """jax.grad through every collective: MPI gives shard_map(check_vma=False)'s gradients."""
+    _need(shape)
+    _compare(shape, "grad", codec, h.global_input(shape, rows=4, cols=16, seed=1))
+
+
+@pytest.mark.parametrize("shape", [(2,), (4,), (2, 2)], ids=h.mesh_id)
+def test_raw_dtypes_match_lax(shape):
+    """Plain collectives on bf16 / f16 / f32 / int32 / bool data: MPI == jax.lax on host devices."""
+    _need(shape)
+    mesh = h.mesh_shape(shape)
+    spec = P(tuple(mesh))
+    x = h.global_input(shape, rows=4, cols=8, seed=2)
+    xs = {
+        "f32": x,
+        "bf16": x.astype(ml_dtypes.bfloat16),
+        "f16": np.clip(x, -60000, 60000).astype(np.float16),
+        "i32": (x * 1000).astype(np.int32),
+    }
+    ref = None
+    if RANK == 0:
+        ref = jaxhc.Launcher(mesh, "xla").run(
+            h.lax_reference_body(tuple(mesh)), xs, in_specs=spec, out_specs=spec, fetch=True
+        )
+    ref = WORLD.bcast(ref, root=0)
+    got = jaxhc.Launcher(mesh, "mpi").run(
+        h.raw_body(tuple(mesh)), xs, in_specs=spec, out_specs=spec
+    )
+    bad = [k for k in sorted(ref) if not h.bits_equal(got[k], ref[k][RANK : RANK + 1])]
+    _agree_on_failures(bad)
+
+
+@pytest.mark.parametrize("shape", [(2,), (1, 2), (2, 2), (1, 2, 2)], ids=h.mesh_id)
+def test_put_fetch_roundtrip(shape):
+    _need(shape)
+    mesh = h.mesh_shape(shape)
+    names = tuple(mesh)
+    x = np.arange(8 * 8 * 4, dtype=np.float32).reshape(8, 8, 4)
+    specs = [P(), P(names[0]), P(None, names[-1]), P(tuple(reversed(names)), None), P(None, names)]
+    launcher = jaxhc.Launcher(mesh, "mpi")
+    for spec in specs:
+        back = launcher.fetch(launcher.put(x, spec), spec)
+        assert h.bits_equal(back, x), spec
+
+
+@pytest.mark.parametrize("shape", [(2,), (2, 2)], ids=h.mesh_id)
+def test_axis_index_and_size(shape):
+    _need(shape)
+    mesh = h.mesh_shape(shape)
+    names = tuple(mesh)
+
+    def body(x):
+        out = {}
+        for ax in h.axis_choices(names):
+            k = ax if isinstance(ax, str) else "+".join(ax)
+            out[k] = (x * 0 + jaxhc.axis_index(ax) * 100 + jaxhc.axis_size(ax)).astype(np.int32)
+        return out
+
+    spec = P(names)
+    x = np.zeros((SIZE,), np.int32)
+    ref = jaxhc.run(
+        body, x, mesh_shape=mesh, in_specs=spec, out_specs=spec, transport="xla", fetch=True
+    )
+    got = jaxhc.run(
+        body, x, mesh_shape=mesh, in_specs=spec, out_specs=spec, transport="mpi", fetch=True
+    )
+    assert all(h.bits_equal(got[k], ref[k]) for k in ref)
