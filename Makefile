@@ -9,7 +9,7 @@ NATIVE_SOURCES := CMakeLists.txt pyproject.toml $(wildcard ffi/*/*.h ffi/*/*.cc 
 PYTEST := $(BIN)/python -m pytest
 XLA_HOST8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: setup setup-mpi native test test-mpi test-all bench lint clean
+.PHONY: setup setup-mpi native test test-mpi test-all bench bench-mpi lint clean
 
 setup: $(VENV)/.native
 
@@ -86,6 +86,12 @@ test-all: setup setup-mpi
 
 bench: setup
 	$(BIN)/python bench/codecs.py --out bench/results/codecs.json
+
+# psum / all_gather per codec on the MPI transport, 2 and 4 processes (QUICK=1: 64 KB and 1 MB).
+bench-mpi: setup setup-mpi
+	for np in 2 4; do XLA_FLAGS=--xla_force_host_platform_device_count=1 $(MPIRUN) -np $$np \
+	  $(BIN)/python bench/mpi_collectives.py $(if $(QUICK),--quick) \
+	  --out bench/results/mpi_collectives_np$$np.json || exit 1; done
 
 lint: setup
 	$(BIN)/ruff check jaxhc tests bench && $(BIN)/ruff format --check jaxhc tests bench

@@ -181,3 +181,26 @@ def test_axis_index_and_size(shape):
         body, x, mesh_shape=mesh, in_specs=spec, out_specs=spec, transport="mpi", fetch=True
     )
     assert all(h.bits_equal(got[k], ref[k]) for k in ref)
+
+
+@pytest.mark.parametrize("shape", [(2,), (2, 2)], ids=h.mesh_id)
+def test_allreduce_psum_mode(shape):
+    """psum="allreduce" (MPI_Allreduce): integers exact, floats equal up to summation order."""
+    _need(shape)
+    mesh = h.mesh_shape(shape)
+    spec = P(tuple(mesh))
+    x = h.global_input(shape, rows=2, cols=8, seed=3)
+    xs = {"f32": x, "i32": (x * 1000).astype(np.int32), "bf16": x.astype(ml_dtypes.bfloat16)}
+
+    def body(xs):
+        return {k: jaxhc.psum(v, tuple(mesh))[None] for k, v in xs.items()}
+
+    launcher = jaxhc.Launcher(mesh, "mpi", psum="allreduce")
+    got = launcher.fetch(launcher.run(body, xs, in_specs=spec, out_specs=spec), spec)
+    want = {k: v.reshape(SIZE, 2, 8).astype(np.float64).sum(0) for k, v in xs.items()}
+    for r in range(SIZE):
+        assert h.bits_equal(got["i32"][r], xs["i32"].reshape(SIZE, 2, 8).sum(0).astype(np.int32))
+        np.testing.assert_allclose(got["f32"][r], want["f32"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            got["bf16"][r].astype(np.float32), want["bf16"], rtol=2e-2, atol=1e-2
+        )

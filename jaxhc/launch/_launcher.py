@@ -74,9 +74,7 @@ def resolve_transport(transport: str) -> str:
         raise ValueError(f"transport={transport!r} must be one of {TRANSPORTS}")
     if transport != "auto":
         return transport
-    from jax._src import distributed
-
-    if distributed.global_state.client is not None:
+    if jax.distributed.is_initialized():
         return "xla"
     return "mpi" if ProcessEnv.from_env().multi_process else "xla"
 

@@ -1,9 +1,10 @@
 """MPI transport: one process per device, collectives by mpi4jax on per-axis sub-communicators.
 
-The processes form a grid with the mesh's shape (rank r has the row-major coordinates of r, the
-same order in which `jax.make_mesh` lays out devices). A collective over an axis, or a tuple of
-axes, runs on the sub-communicator of the ranks that share every other coordinate; a rank's index in
-it is its row-major index over the named axes in the order given, as `jax.lax.axis_index` counts.
+The processes form a grid with the mesh's shape: rank r has the row-major coordinates of r, as
+device r has in a `Mesh` of `np.array(devices).reshape(shape)`. A collective over an axis, or a
+tuple of axes, runs on the sub-communicator of the ranks that share every other coordinate; a rank's
+index in it is its row-major index over the named axes in the order given, as `jax.lax.axis_index`
+and the gathers count (ppermute alone numbers a tuple in mesh order, as `jax.lax.ppermute` does).
 
 Every collective here has exactly the `jax.lax` semantics inside `shard_map(check_vma=False)`,
 gradients included, and reductions add in rank order as XLA:CPU's in-process all-reduce does, so
