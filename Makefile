@@ -68,7 +68,8 @@ setup-mpi: $(VENV)/.mpi
 # The MPI suites: rank 0 reports; a failing rank aborts the job; `timeout` bounds a hang.
 MPI_TIMEOUT ?= 600
 MPIRUN = timeout -k 10 $(MPI_TIMEOUT) mpirun --oversubscribe --allow-run-as-root --bind-to none
-MPI_ENV = PYTHONPATH=tests XLA_FLAGS=--xla_force_host_platform_device_count=4
+# Ranks waiting in MPI yield the core (rank 0 alone computes the XLA reference meanwhile).
+MPI_ENV = PYTHONPATH=tests XLA_FLAGS=--xla_force_host_platform_device_count=4 OMPI_MCA_mpi_yield_when_idle=1
 MPI_PYTEST = $(BIN)/python -m pytest -q -p mpi_plugin -p no:cacheprovider --timeout=150 -m mpi \
   tests/test_mpi_transport.py
 

@@ -143,6 +143,7 @@ class MpiTransport(Transport):
     def __init__(self, grid: ProcessGrid, *, psum: str = "exact"):
         import mpi4jax  # noqa: F401  (imports fail early, with mpi4jax's own message)
 
+        _allow_in_remat()
         if psum not in ("exact", "allreduce"):
             raise ValueError(f"psum={psum!r} must be 'exact' or 'allreduce'")
         self.grid = grid
@@ -193,6 +194,25 @@ class MpiTransport(Transport):
         return jax.tree.map(
             lambda a: _all_to_all(a, self, axis_name, split_axis, concat_axis, tiled), x
         )
+
+
+@functools.cache
+def _allow_in_remat() -> bool:
+    """Let mpi4jax's ordered effect inside `jax.checkpoint` (a model's remat'd blocks).
+
+    jax refuses effects in remat because recomputation replays them; replaying a collective is
+    safe here since every rank replays the same calls in the same order (the XLA transport's
+    collectives are recomputed the same way). mpi4jax only registers it for control flow and
+    custom derivatives. Both names are private: if they move, remat over MPI raises again.
+    """
+    try:
+        from jax._src import effects
+        from mpi4jax._src.utils import OrderedMPIEffect
+
+        effects.remat_allowed_effects.add_type(OrderedMPIEffect)
+    except (ImportError, AttributeError):  # pragma: no cover - other jax / mpi4jax versions
+        return False
+    return True
 
 
 # --- data movement: mpi4jax primitives on wire-safe dtypes ---------------------------------------
