@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import math
 import shutil
 
@@ -87,14 +88,15 @@ def skip_if_codec_missing(name: str) -> None:
 
 
 def mpi_ready() -> str | None:
-    """Why MPI runs cannot happen here (None when mpirun, mpi4py and mpi4jax are all there)."""
+    """Why MPI runs cannot happen here (None when mpirun, mpi4py and mpi4jax are all there).
+
+    Looks the modules up without importing them: importing mpi4py initializes MPI in this process.
+    """
     if shutil.which("mpirun") is None:
         return "mpirun not found (make test installs openmpi-bin)"
     for mod in ("mpi4py", "mpi4jax"):
-        try:
-            __import__(mod)
-        except ImportError as e:
-            return f"{mod} not importable ({e}); `make test` installs the [mpi] extra"
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed; `make test` installs the [mpi] extra"
     return None
 
 
