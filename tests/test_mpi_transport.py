@@ -11,6 +11,7 @@ from the number of processes are skipped (so `-np 2` runs the 2-device meshes, `
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,8 @@ pytestmark = [pytest.mark.mpi]
 
 if h.mpi_ready():
     pytest.skip(h.mpi_ready(), allow_module_level=True)
+if "OMPI_COMM_WORLD_SIZE" not in os.environ:  # importing mpi4py would MPI_Init this process
+    pytest.skip("runs under mpirun (make test-mpi)", allow_module_level=True)
 
 from mpi4py import MPI  # noqa: E402
 
