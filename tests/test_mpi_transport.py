@@ -99,8 +99,19 @@ def _compare(shape, kind, codec, x):
     _agree_on_failures(bad)
 
 
-@pytest.mark.parametrize("codec", list(h.CODECS))
-@pytest.mark.parametrize("shape", h.MESHES, ids=h.mesh_id)
+def _collective_cases():
+    """Every codec on (2,), (4,), (2, 2), (1, 2, 2); (1, 2) with the plain and identity paths. The
+    test-only `finite` codec (agreement + cond, until the native codecs land) on (2,), (1, 2, 2)."""
+    for shape in h.MESHES:
+        for codec in h.CODECS:
+            if shape == (1, 2) and codec not in ("raw", "none"):
+                continue
+            if codec == "finite" and shape not in ((2,), (1, 2, 2)):
+                continue
+            yield pytest.param(shape, codec, id=f"{h.mesh_id(shape)}-{codec}")
+
+
+@pytest.mark.parametrize(("shape", "codec"), list(_collective_cases()))
 def test_collectives_match_xla(shape, codec):
     _need(shape)
     h.skip_if_codec_missing(codec)
@@ -108,7 +119,7 @@ def test_collectives_match_xla(shape, codec):
 
 
 @pytest.mark.parametrize("codec", ["finite", "mpc0.9", "zfp8"])
-@pytest.mark.parametrize("shape", [(2,), (2, 2), (1, 2, 2)], ids=h.mesh_id)
+@pytest.mark.parametrize("shape", [(2,), (1, 2, 2)], ids=h.mesh_id)
 def test_fallback_agreed_across_ranks(shape, codec):
     """A NaN on the last rank only: every rank takes the raw branch (no deadlock), as XLA does."""
     _need(shape)
@@ -119,7 +130,7 @@ def test_fallback_agreed_across_ranks(shape, codec):
 @pytest.mark.parametrize(
     ("shape", "codec"),
     [(s, c) for s in [(2,), (1, 2), (4,), (2, 2), (1, 2, 2)] for c in ("raw", "none")]
-    + [((2,), "finite"), ((4,), "finite")],
+    + [((2,), "finite")],
     ids=lambda v: h.mesh_id(v) if isinstance(v, tuple) else v,
 )
 def test_gradients_match_xla(shape, codec):
@@ -130,7 +141,7 @@ def test_gradients_match_xla(shape, codec):
 
 @pytest.mark.parametrize("shape", [(2,), (4,), (2, 2)], ids=h.mesh_id)
 def test_raw_dtypes_match_lax(shape):
-    """Plain collectives on bf16 / f16 / f32 / int32 / bool data: MPI == jax.lax on host devices."""
+    """Plain collectives on bf16 / f16 / f32 / int32 data: MPI == jax.lax on host devices."""
     _need(shape)
     mesh = h.mesh_shape(shape)
     spec = P(tuple(mesh))
