@@ -139,7 +139,7 @@ def test_gradients_match_xla(shape, codec):
     _compare(shape, "grad", codec, h.global_input(shape, rows=4, cols=16, seed=1))
 
 
-@pytest.mark.parametrize("shape", [(2,), (4,), (2, 2)], ids=h.mesh_id)
+@pytest.mark.parametrize("shape", [(2,), (2, 2)], ids=h.mesh_id)
 def test_raw_dtypes_match_lax(shape):
     """Plain collectives on bf16 / f16 / f32 / int32 data: MPI == jax.lax on host devices."""
     _need(shape)
