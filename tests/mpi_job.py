@@ -23,6 +23,8 @@ def body(x):
 def mpi_job(mode: str) -> None:
     import jaxhc
 
+    if mode == "badmesh":
+        jaxhc.Launcher({"data": 4}, "mpi")
     launcher = jaxhc.Launcher({"data": 2}, "mpi")
     rank = launcher.grid.rank
     step = launcher.shard_map(body, in_specs=P("data"), out_specs=P())

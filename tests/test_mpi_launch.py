@@ -47,10 +47,11 @@ def test_process_env_from_mpirun_slurm_jaxhc_and_single():
         "SLURM_LOCALID": "1",
         "SLURM_STEP_NODELIST": "node[003-004,010],gpu7",
         "SLURM_JOB_ID": "77",
+        "SLURM_NTASKS_PER_NODE": "4(x2)",
     }
     env = ProcessEnv.from_env(slurm)
     assert (env.process_id, env.num_processes, env.local_rank, env.source) == (5, 8, 1, "slurm")
-    assert env.coordinator == "node003:61517"
+    assert env.coordinator == "node003:61517" and env.local_size == 4
 
     mine = {"JAXHC_NUM_PROCESSES": "2", "JAXHC_PROCESS_ID": "1", "JAXHC_COORDINATOR": "h:9"}
     env = ProcessEnv.from_env(dict(mine, **ompi))  # jaxhc's own variables win
@@ -187,6 +188,15 @@ def test_mismatched_shapes_end_the_job_with_both_shapes():
     assert "rank 0: PyTreeDef((*,)) [float32[1, 6]]" in out, out
     assert "rank 1: PyTreeDef((*,)) [float32[1, 4]]" in out, out
     assert "with mismatched shapes" not in out, out
+    assert took < 60, took
+
+
+@needs_mpi
+def test_a_mesh_that_does_not_fit_the_job_says_so():
+    proc, took = _mpirun(2, "badmesh")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "the mesh {'data': 4} has 4 devices but the MPI job has 2 processes" in out, out
     assert took < 60, took
 
 

@@ -107,4 +107,6 @@ def _with_port(addr, port):
 
 
 def _int(v):
-    return None if v in (None, "") else int(v)
+    """The leading integer of a variable ("4", or SLURM's "4(x2)"), None when unset or empty."""
+    m = re.match(r"\s*(\d+)", v or "")
+    return int(m.group(1)) if m else None

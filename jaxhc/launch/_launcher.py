@@ -33,11 +33,11 @@ def init_mpi(mesh_shape: Mapping[str, int], *, abort_on_error: bool = True, sele
     env = ProcessEnv.from_env()
     if select_device and env.local_size and env.local_size > 1:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(env.local_rank))
+    if abort_on_error:  # first, so that even a bad mesh ends the job with its message
+        install_abort_hook()
     key = tuple((str(a), int(s)) for a, s in mesh_shape.items())
     if key not in _GRIDS:
         _GRIDS[key] = ProcessGrid(dict(key))
-    if abort_on_error:
-        install_abort_hook()
     return _GRIDS[key]
 
 
