@@ -89,7 +89,9 @@ class Launcher:
 
     Either way `put` makes values from global host arrays, the step function returned by
     `shard_map` takes and returns such values, and `fetch` turns them back into global numpy
-    arrays on every process. Per-shard code must use jaxhc's collectives and
+    arrays on every process. Under MPI each step first checks (one 8-byte allgather, off with
+    ``check_args=False``) that all ranks pass the same shapes and dtypes, and an uncaught exception
+    on any rank aborts the job (``abort_on_error``). Per-shard code must use jaxhc's collectives and
     `jaxhc.axis_index` / `jaxhc.axis_size` (not `jax.lax`'s), and see `shard_map(check_vma=False)`
     semantics (explicit gradient reductions), which is what the MPI transport provides.
 
@@ -107,10 +109,12 @@ class Launcher:
         psum: str = "exact",
         devices=None,
         abort_on_error: bool = True,
+        check_args: bool = True,
     ):
         self.mesh_shape = {str(a): int(s) for a, s in mesh_shape.items()}
         self.transport_name = resolve_transport(transport)
         self.check_vma = check_vma
+        self.check_args = check_args
         names, shape = tuple(self.mesh_shape), tuple(self.mesh_shape.values())
         if self.transport_name == "mpi":
             from jaxhc.transport.mpi import MpiTransport
@@ -204,7 +208,8 @@ class Launcher:
 
         def step_mpi(*args):
             # Before any collective runs: every rank must call with the same shapes, else abort.
-            check_agreement(control, f"the arguments of {name}", describe(args))
+            if self.check_args:
+                check_agreement(control, f"the arguments of {name}", describe(args))
             return jitted(*args)
 
         return functools.wraps(fn)(step_mpi)
