@@ -30,7 +30,7 @@ import yaml
 from jaxhc.codecs import Codec, Identity, Mpc, Zfp, parse
 
 KINDS = ("grad", "param", "act")
-MPC_BUDGET = 0.8
+MPC_BUDGET = 0.95
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Policy:
     >>> from jaxhc import Policy
     >>> p = Policy.preset("mzhybrid")
     >>> p.codec_for("tensor"), p.codec_for("data", "grad")
-    (Mpc(dim=1, budget=0.8), Zfp(rate=8))
+    (Mpc(dim=1, budget=0.95), Zfp(rate=8))
     """
 
     name: str = "custom"

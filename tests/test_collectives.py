@@ -319,3 +319,19 @@ def test_codec_objects_and_specs_are_interchangeable():
     a = run(lambda v: jaxhc.psum(v, axis, codec=Zfp(rate=12)), mesh, x)
     b = run(lambda v: jaxhc.psum(v, axis, codec="zfp:12"), mesh, x)
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("codec", ["none", "mpc"])
+@pytest.mark.parametrize("shape", [(1,), (3,), (5, 7), (2, 3, 9)])
+def test_odd_sizes_equal_lax(shape, codec):
+    """Sizes that leave partial rows and partial zfp blocks in every chunk."""
+    mesh, axis = mesh_of("1d4")
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.integers(-8, 9, size=(4,) + shape), jnp.float32)
+    for ours, ref in [
+        (lambda a: jaxhc.psum(a, axis, codec=codec), lambda a: lax.psum(a, axis)),
+        (lambda a: jaxhc.all_gather(a, axis, codec=codec), lambda a: lax.all_gather(a, axis)),
+        (lambda a: jaxhc.ppermute(a, axis, [(0, 3), (3, 0)], codec=codec),
+         lambda a: lax.ppermute(a, axis, [(0, 3), (3, 0)])),
+    ]:
+        np.testing.assert_array_equal(run(ours, mesh, x), run(ref, mesh, x))

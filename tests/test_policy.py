@@ -29,8 +29,8 @@ def test_every_preset_has_a_yaml():
 def test_hybrid_presets_choose_codec_per_axis():
     mz = Policy.preset("mzhybrid")
     assert mz.codec_for("data") == Zfp(8)
-    assert mz.codec_for("tensor") == Mpc(budget=0.8)
-    assert mz.codec_for("pipe") == Mpc(budget=0.8)
+    assert mz.codec_for("tensor") == Mpc(budget=0.95)
+    assert mz.codec_for("pipe") == Mpc(budget=0.95)
     z = Policy.preset("zhybrid")
     assert z.codec_for("data") == Zfp(8) and z.codec_for("tensor") == Zfp(16)
     assert Policy.preset("none").codec_for("data") is None

@@ -7,10 +7,15 @@
 //                     -> payload: U8 [..., zfp_payload_bytes(n, maxbits)], finite: PRED [...]
 //   jaxhc_zfp_decode  payload: U8 [..., bytes]      attrs: maxbits
 //                     -> x: F32|F64 [..., n]
-//   jaxhc_mpc_encode  x: U16|U32|U64 [..., n]      attrs: dim (>= 1)   (floats arrive bitcast)
-//                     -> payload: U8 [..., capacity], nbytes: S32 [...]  (nbytes > capacity: over budget)
-//   jaxhc_mpc_decode  payload: U8 [..., capacity]   attrs: dim
-//                     -> x: U16|U32|U64 [..., n]     (malformed payload: an FFI error, never a crash)
+//   jaxhc_mpc_encode  x: W [..., n]                attrs: dim (1..64)
+//                     W: any 16/32/64-bit int or float type; only its bits are coded
+//                     -> payload: U8 [..., capacity], nbytes: S32 [...]  (nbytes > capacity: over budget),
+//                        scratch: U8 [..., mpc_scratch_bytes(n)]  (work space; its contents are garbage)
+//                     capacity: a multiple of 8, at least mpc_header_bytes(n)
+//   jaxhc_mpc_decode  payload: U8 [..., capacity]   attrs: dim, strict (0 or 1)
+//                     -> x: W [..., n], status: S32 [...]  (0: ok, else mpc::Status)
+//                     A malformed row decodes to zeros with a nonzero status, never a crash; with
+//                     strict=1 the CPU handler also fails the call (FFI error naming the first bad row).
 #pragma once
 #include "xla/ffi/api/ffi.h"
 

@@ -1,7 +1,420 @@
+// CUDA XLA FFI handlers of the MPC codec (contract in cpu/handlers.h): one warp per chunk, the
+// format and bit transpose from core/mpc.h. Everything runs on the XLA stream; nothing is
+// allocated and nothing waits for the device.
+//
+// Encode, four kernels: each warp writes its chunk's stream into the scratch result at the chunk's
+// worst-case offset and its size into the payload's table; one block per row scans the sizes into
+// end offsets and writes the header and nbytes; warps copy the streams to their places (cut at
+// the capacity); the tail past `used` is zeroed.
+// Decode: every warp checks the header and its own table entry before reading its stream, so no
+// read leaves the payload whatever the other entries say. Errors cannot be raised without a host
+// sync, so a bad row is reported in `status` (the same code as the CPU decoder: the header's, else
+// that of the lowest bad chunk) and its output is all zeros; `strict` is ignored here.
+#include <cub/block/block_scan.cuh>
+#include <string>
+
+#include "core/mpc.h"
 #include "cuda/handlers.h"
+
 namespace ffi = xla::ffi;
-static ffi::Error NotYet(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer>) {
-  return ffi::Error(ffi::ErrorCode::kUnimplemented, "not built yet");
+
+namespace jaxhc {
+namespace mpc {
+namespace {
+
+constexpr int kWarps = 4;                 // chunks per block
+constexpr unsigned kFull = 0xFFFFFFFFu;
+constexpr int32_t kNoError = 0x7FFFFFFF;  // status while decoding: above every error key
+
+// Shared memory word index, padded against bank conflicts for the strided tile accesses.
+__device__ __forceinline__ int Sh(int i) { return i + (i >> 5); }
+constexpr int kShWords = kChunkWords + kChunkWords / 32;
+
+__device__ __forceinline__ unsigned LanesBelow(int lane) { return (1u << lane) - 1; }
+
+// Reads the words of each of this lane's tiles through f(i) (tile j = words jW..jW+W-1),
+// transposes each tile's bits, and writes word k of tile j's result through g(jW + k, word), after
+// every lane has read. Lane l owns tiles l, l + 32, ...
+template <typename U, typename Load, typename Store>
+__device__ void TransposeTiles(int lane, Load f, Store g) {
+  constexpr int W = sizeof(U) * 8, T = kChunkWords / W, kTiles = (T + 31) / 32;
+  U reg[kTiles][W];
+#pragma unroll
+  for (int q = 0; q < kTiles; ++q) {
+    int j = lane + 32 * q;
+    if (j < T) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) reg[q][k] = f(j * W + k);
+      transpose_bits<U, 1>(reg[q]);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int q = 0; q < kTiles; ++q) {
+    int j = lane + 32 * q;
+    if (j < T) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) g(j * W + k, reg[q][k]);
+    }
+  }
+  __syncwarp();
 }
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpcEncodeCuda, NotYet, ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpcDecodeCuda, NotYet, ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+
+template <typename U>
+__global__ void EncodeChunks(const U* x, uint64_t rows, uint64_t n, uint32_t dim, uint8_t* payload,
+                             uint64_t capacity, uint8_t* scratch, uint64_t sbytes) {
+  constexpr uint32_t wb = sizeof(U);
+  __shared__ U shared[kWarps][kShWords];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint64_t nch = chunk_count(n), item = uint64_t(blockIdx.x) * kWarps + warp;
+  if (item >= rows * nch) return;
+  const uint64_t row = item / nch, c = item % nch;
+  const uint32_t m = chunk_words(n, c);
+  const U* xc = x + row * n + c * kChunkWords;
+  uint8_t* dst = scratch + row * sbytes + c * kChunkWords * wb;
+  U* sh = shared[warp];
+
+  for (int i = lane; i < int(kChunkWords); i += 32) sh[Sh(i)] = i < int(m) ? xc[i] : U(0);
+  __syncwarp();
+  // steps 1 and 2: y[jW + b] = plane b of tile j of d
+  TransposeTiles<U>(
+      lane,
+      [&](int i) -> U {
+        if (i >= int(m)) return 0;
+        return i >= int(dim) ? U(sh[Sh(i)] - sh[Sh(i - int(dim))]) : sh[Sh(i)];
+      },
+      [&](int i, U v) { sh[Sh(i)] = v; });
+  // steps 3 and 4: e[t] for t = 32 r + lane, bitmap word r by ballot
+  U e[32];
+  uint32_t top = 0, nnz = 0, mine = 0;
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    int t = 32 * r + lane;
+    e[r] = U(sh[Sh(t)] - (t ? sh[Sh(t - 1)] : U(0)));
+    uint32_t bm = __ballot_sync(kFull, e[r] != 0);
+    if (r == lane) mine = bm;
+    top |= uint32_t(bm != 0) << r;
+    nnz += uint32_t(__popc(bm));
+  }
+  const uint32_t nb = uint32_t(__popc(top)), size = stream_bytes(nb, nnz, wb), raw = m * wb;
+  if (lane == 0)
+    store<uint32_t>(payload + row * capacity + kFixedHeader + 4 * c, size >= raw ? raw : size);
+  if (size >= raw) {
+    for (uint32_t i = lane; i < m; i += 32) store<U>(dst + i * wb, xc[i]);
+    return;
+  }
+  const uint32_t data = data_offset(nb, wb);
+  if (lane == 0) {
+    store<uint32_t>(dst, top);
+    if (data > 4 + 4 * nb) store<uint32_t>(dst + 4 + 4 * nb, 0);
+    if (size > data + nnz * wb) store<uint16_t>(dst + data + nnz * wb, 0);  // wb = 2 only
+  }
+  if (mine) store<uint32_t>(dst + 4 + 4 * __popc(top & LanesBelow(lane)), mine);
+  uint32_t pos = 0;
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    uint32_t bm = __shfl_sync(kFull, mine, r);
+    if (e[r] != 0) store<U>(dst + data + (pos + __popc(bm & LanesBelow(lane))) * wb, e[r]);
+    pos += uint32_t(__popc(bm));
+  }
+}
+
+constexpr int kScanThreads = 256;
+
+// One block per row: chunk sizes in the table -> end offsets; header, table padding, nbytes.
+__global__ void ScanSizes(uint64_t n, uint32_t wb, uint32_t dim, uint8_t* payload,
+                          uint64_t capacity, int32_t* nbytes) {
+  using Scan = cub::BlockScan<uint32_t, kScanThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ uint32_t carry;
+  uint8_t* p = payload + blockIdx.x * capacity;
+  const uint64_t nch = chunk_count(n), head = header_bytes(n, wb);
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (uint64_t base = 0; base < nch; base += kScanThreads) {
+    uint64_t c = base + threadIdx.x;
+    uint32_t v = c < nch ? load<uint32_t>(p + kFixedHeader + 4 * c) : 0, end, total;
+    Scan(tmp).InclusiveSum(v, end, total);
+    if (c < nch) store<uint32_t>(p + kFixedHeader + 4 * c, carry + end);
+    __syncthreads();
+    if (threadIdx.x == 0) carry += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    for (uint64_t i = kFixedHeader + 4 * nch; i < head; ++i) p[i] = 0;
+    write_header(p, uint32_t(n), wb, dim, uint32_t(head + carry));
+    nbytes[blockIdx.x] = int32_t(head + carry);
+  }
+}
+
+// Warp per chunk: scratch stream -> its place in the payload, cut at the capacity.
+__global__ void PlaceStreams(uint64_t rows, uint64_t n, uint32_t wb, uint8_t* payload,
+                             uint64_t capacity, const uint8_t* scratch, uint64_t sbytes) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint64_t nch = chunk_count(n), item = uint64_t(blockIdx.x) * kWarps + warp;
+  if (item >= rows * nch) return;
+  const uint64_t row = item / nch, c = item % nch;
+  uint8_t* p = payload + row * capacity;
+  const uint64_t head = header_bytes(n, wb), room = capacity - head;
+  const uint64_t start = c ? load<uint32_t>(p + kFixedHeader + 4 * (c - 1)) : 0;
+  if (start >= room) return;
+  const uint64_t end = load<uint32_t>(p + kFixedHeader + 4 * c);
+  const uint64_t len = end - start < room - start ? end - start : room - start;  // even
+  const uint8_t* src = scratch + row * sbytes + c * kChunkWords * wb;
+  uint8_t* dst = p + head + start;  // 4-aligned: streams are 4-aligned, room a multiple of 8
+  for (uint64_t i = 4 * lane; i + 4 <= len; i += 128)
+    store<uint32_t>(dst + i, load<uint32_t>(src + i));
+  if (len % 4 && lane == 0) store<uint16_t>(dst + len - 2, load<uint16_t>(src + len - 2));
+}
+
+constexpr int kTailBytes = 4096;  // per block of ZeroTail / WipeRows
+
+__global__ void ZeroTail(uint8_t* payload, uint64_t capacity, const int32_t* nbytes,
+                         uint64_t blocks_per_row) {
+  const uint64_t row = blockIdx.x / blocks_per_row, seg = blockIdx.x % blocks_per_row;
+  const uint64_t used = uint64_t(nbytes[row]);
+  uint8_t* p = payload + row * capacity;
+  for (uint64_t i = seg * kTailBytes + threadIdx.x; i < (seg + 1) * kTailBytes && i < capacity;
+       i += blockDim.x)
+    if (i >= used) p[i] = 0;
+}
+
+__device__ void Fail(int32_t* status, int64_t chunk, Status s) {
+  atomicMin(status, int32_t((chunk + 1) * 16 + s));
+}
+
+template <typename U>
+__global__ void DecodeChunks(const uint8_t* payload, uint64_t rows, uint64_t capacity, uint64_t n,
+                             uint32_t dim, U* x, int32_t* status) {
+  constexpr uint32_t wb = sizeof(U);
+  __shared__ U shared[kWarps][kShWords];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint64_t nch = chunk_count(n), item = uint64_t(blockIdx.x) * kWarps + warp;
+  if (item >= rows * nch) return;
+  const uint64_t row = item / nch, c = item % nch;
+  const uint32_t m = chunk_words(n, c);
+  const uint8_t* p = payload + row * capacity;
+  U* xc = x + row * n + c * kChunkWords;
+  U* sh = shared[warp];
+  int32_t* st = status + row;
+
+  uint32_t begin, size, top, nnz;
+  Status s = check_header(p, capacity, uint32_t(n), wb, dim);
+  if (s) return lane == 0 ? Fail(st, -1, s) : void();
+  if ((s = locate_chunk(p, uint32_t(n), wb, c, &begin, &size)))
+    return lane == 0 ? Fail(st, c, s) : void();
+  const uint8_t* src = p + header_bytes(n, wb) + begin;
+  if (size == m * wb) {
+    for (uint32_t i = lane; i < m; i += 32) xc[i] = load<U>(src + i * wb);
+    return;
+  }
+  if ((s = parse_stream(src, size, wb, &top, &nnz))) return lane == 0 ? Fail(st, c, s) : void();
+  const uint32_t mine =
+      top >> lane & 1 ? load<uint32_t>(src + 4 + 4 * __popc(top & LanesBelow(lane))) : 0;
+  const uint8_t* data = src + data_offset(uint32_t(__popc(top)), wb);
+  // expand e[32 r + lane] and take its prefix sum y, group by group
+  U carry = 0;
+  uint32_t pos = 0;
+  bool zero = false;
+  for (int r = 0; r < 32; ++r) {
+    uint32_t bm = __shfl_sync(kFull, mine, r);
+    U v = 0;
+    if (bm >> lane & 1) {
+      v = load<U>(data + (pos + __popc(bm & LanesBelow(lane))) * wb);
+      zero |= v == 0;
+    }
+    pos += uint32_t(__popc(bm));
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      U u = __shfl_up_sync(kFull, v, d);
+      if (lane >= d) v = U(v + u);
+    }
+    v = U(v + carry);
+    sh[Sh(32 * r + lane)] = v;
+    carry = __shfl_sync(kFull, v, 31);
+  }
+  __syncwarp();
+  TransposeTiles<U>(lane, [&](int i) { return sh[Sh(i)]; }, [&](int i, U v) { sh[Sh(i)] = v; });
+  // undo step 1 group by group: a scan over each residue class mod dim inside the group, plus
+  // the class's last word of the groups before
+  bool pad = false;
+  for (int r = 0; r < 32; ++r) {
+    const int i = 32 * r + lane, i0 = 32 * r + lane % int(dim);
+    U v = sh[Sh(i)];
+    pad |= i >= int(m) && v != 0;  // the encoder's d is zero past the chunk's m words
+    for (int d = int(dim); d < 32; d *= 2) {
+      U u = __shfl_up_sync(kFull, v, d);
+      if (lane >= d) v = U(v + u);
+    }
+    if (i0 >= int(dim)) v = U(v + sh[Sh(i0 - int(dim))]);
+    __syncwarp();
+    sh[Sh(i)] = v;
+    __syncwarp();
+  }
+  zero = __any_sync(kFull, zero);
+  pad = __any_sync(kFull, pad);
+  if (zero || pad) return lane == 0 ? Fail(st, c, zero ? kBadStream : kBadPadding) : void();
+  for (uint32_t i = lane; i < m; i += 32) xc[i] = sh[Sh(int(i))];
+}
+
+// Zeroes the output of every row with an error.
+__global__ void WipeRows(uint8_t* x, uint64_t row_bytes, const int32_t* status,
+                         uint64_t blocks_per_row) {
+  const uint64_t row = blockIdx.x / blocks_per_row, seg = blockIdx.x % blocks_per_row;
+  if (status[row] == kNoError) return;
+  uint8_t* p = x + row * row_bytes;
+  for (uint64_t i = seg * kTailBytes + threadIdx.x; i < (seg + 1) * kTailBytes && i < row_bytes;
+       i += blockDim.x)
+    p[i] = 0;
+}
+
+__global__ void SetNoError(int32_t* status, uint64_t rows) {
+  uint64_t r = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r < rows) status[r] = kNoError;
+}
+
+__global__ void FinishStatus(int32_t* status, uint64_t rows) {
+  uint64_t r = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r < rows) status[r] = status[r] == kNoError ? 0 : status[r] % 16;
+}
+
+// ---- handlers ----
+
+ffi::Error Invalid(const std::string& what) { return ffi::Error::InvalidArgument("mpc " + what); }
+
+uint32_t WordBytes(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::U16: case ffi::DataType::S16: case ffi::DataType::F16:
+    case ffi::DataType::BF16: return 2;
+    case ffi::DataType::U32: case ffi::DataType::S32: case ffi::DataType::F32: return 4;
+    case ffi::DataType::U64: case ffi::DataType::S64: case ffi::DataType::F64: return 8;
+    default: return 0;
+  }
+}
+
+// rows (product of the leading dims) and last dim of a buffer; false without dims.
+bool Rows(ffi::AnyBuffer::Dimensions d, uint64_t* rows, uint64_t* last) {
+  if (d.size() == 0) return false;
+  *rows = 1;
+  for (size_t i = 0; i + 1 < d.size(); ++i) *rows *= uint64_t(d[i]);
+  *last = uint64_t(d.back());
+  return true;
+}
+
+// True when `b` has the leading dimensions of `a`, plus an item dimension when `item` is set.
+bool SameBatch(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b, bool item) {
+  if (a.size() == 0 || b.size() != a.size() - (item ? 0 : 1)) return false;
+  for (size_t i = 0; i + 1 < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+ffi::Error Launched(const char* op) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("mpc ") + op + ": " + cudaGetErrorString(e));
+}
+
+uint64_t Blocks(uint64_t items, uint64_t per) { return (items + per - 1) / per; }
+
+template <typename U>
+void LaunchEncode(cudaStream_t s, const void* x, uint64_t rows, uint64_t n, uint32_t dim,
+                  uint8_t* payload, uint64_t cap, int32_t* nbytes, uint8_t* scratch) {
+  const uint64_t items = rows * chunk_count(n), sbytes = scratch_bytes(n, sizeof(U));
+  const uint64_t tail_blocks = Blocks(cap, kTailBytes);
+  EncodeChunks<U><<<Blocks(items, kWarps), 32 * kWarps, 0, s>>>(
+      static_cast<const U*>(x), rows, n, dim, payload, cap, scratch, sbytes);
+  ScanSizes<<<rows, kScanThreads, 0, s>>>(n, sizeof(U), dim, payload, cap, nbytes);
+  PlaceStreams<<<Blocks(items, kWarps), 32 * kWarps, 0, s>>>(rows, n, sizeof(U), payload, cap,
+                                                             scratch, sbytes);
+  ZeroTail<<<rows * tail_blocks, 256, 0, s>>>(payload, cap, nbytes, tail_blocks);
+}
+
+ffi::Error Encode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
+                  ffi::Result<ffi::Buffer<ffi::S32>> nbytes,
+                  ffi::Result<ffi::Buffer<ffi::U8>> scratch, int64_t dim) {
+  uint64_t rows, n, prow, cap, srow, sb;
+  const uint32_t wb = WordBytes(x.element_type());
+  if (!Rows(x.dimensions(), &rows, &n) || !Rows(payload->dimensions(), &prow, &cap))
+    return Invalid("encode: x and payload need an item dimension");
+  if (std::string why = check_sizes(n, wb, dim, cap); !why.empty())
+    return Invalid("encode: " + why);
+  if (payload->element_type() != ffi::DataType::U8 ||
+      !SameBatch(x.dimensions(), payload->dimensions(), true))
+    return Invalid("encode: payload must be uint8 with the batch dimensions of x");
+  if (!SameBatch(x.dimensions(), nbytes->dimensions(), false))
+    return Invalid("encode: nbytes must be int32 with the batch dimensions of x");
+  if (!Rows(scratch->dimensions(), &srow, &sb) ||
+      !SameBatch(x.dimensions(), scratch->dimensions(), true) || sb != scratch_bytes(n, wb))
+    return Invalid("encode: scratch must be uint8[..., " + std::to_string(scratch_bytes(n, wb)) +
+                   "]");
+  if (rows == 0) return ffi::Error::Success();
+  uint8_t* p = static_cast<uint8_t*>(payload->untyped_data());
+  int32_t* nb = nbytes->typed_data();
+  uint8_t* s = scratch->typed_data();
+  const uint32_t d = uint32_t(dim);
+  switch (wb) {
+    case 2: LaunchEncode<uint16_t>(stream, x.untyped_data(), rows, n, d, p, cap, nb, s); break;
+    case 4: LaunchEncode<uint32_t>(stream, x.untyped_data(), rows, n, d, p, cap, nb, s); break;
+    default: LaunchEncode<uint64_t>(stream, x.untyped_data(), rows, n, d, p, cap, nb, s); break;
+  }
+  return Launched("encode");
+}
+
+template <typename U>
+void LaunchDecode(cudaStream_t s, const uint8_t* payload, uint64_t rows, uint64_t cap, uint64_t n,
+                  uint32_t dim, void* x, int32_t* status) {
+  const uint64_t items = rows * chunk_count(n), wipe_blocks = Blocks(n * sizeof(U), kTailBytes);
+  SetNoError<<<Blocks(rows, 256), 256, 0, s>>>(status, rows);
+  DecodeChunks<U><<<Blocks(items, kWarps), 32 * kWarps, 0, s>>>(payload, rows, cap, n, dim,
+                                                               static_cast<U*>(x), status);
+  WipeRows<<<rows * wipe_blocks, 256, 0, s>>>(static_cast<uint8_t*>(x), n * sizeof(U), status,
+                                             wipe_blocks);
+  FinishStatus<<<Blocks(rows, 256), 256, 0, s>>>(status, rows);
+}
+
+ffi::Error Decode(cudaStream_t stream, ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x,
+                  ffi::Result<ffi::Buffer<ffi::S32>> status, int64_t dim, int64_t /*strict*/) {
+  uint64_t rows, n, prow, cap;
+  const uint32_t wb = WordBytes(x->element_type());
+  if (!Rows(x->dimensions(), &rows, &n) || !Rows(payload.dimensions(), &prow, &cap))
+    return Invalid("decode: x and payload need an item dimension");
+  if (std::string why = check_sizes(n, wb, dim, cap); !why.empty())
+    return Invalid("decode: " + why);
+  if (payload.element_type() != ffi::DataType::U8 ||
+      !SameBatch(x->dimensions(), payload.dimensions(), true))
+    return Invalid("decode: payload must be uint8 with the batch dimensions of x");
+  if (!SameBatch(x->dimensions(), status->dimensions(), false))
+    return Invalid("decode: status must be int32 with the batch dimensions of x");
+  if (rows == 0) return ffi::Error::Success();
+  const uint8_t* p = static_cast<const uint8_t*>(payload.untyped_data());
+  int32_t* st = status->typed_data();
+  const uint32_t d = uint32_t(dim);
+  switch (wb) {
+    case 2: LaunchDecode<uint16_t>(stream, p, rows, cap, n, d, x->untyped_data(), st); break;
+    case 4: LaunchDecode<uint32_t>(stream, p, rows, cap, n, d, x->untyped_data(), st); break;
+    default: LaunchDecode<uint64_t>(stream, p, rows, cap, n, d, x->untyped_data(), st); break;
+  }
+  return Launched("decode");
+}
+
+}  // namespace
+}  // namespace mpc
+}  // namespace jaxhc
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpcEncodeCuda, jaxhc::mpc::Encode,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Attr<int64_t>("dim"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpcDecodeCuda, jaxhc::mpc::Decode,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("dim")
+                                  .Attr<int64_t>("strict"));

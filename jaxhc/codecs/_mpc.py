@@ -7,13 +7,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jaxhc import _native
 from jaxhc.codecs._base import Codec, Encoded, num_elements
 from jaxhc.codecs._identity import _check_payload
 
-_WORD = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 MAX_DIM = 64
 
 
@@ -24,8 +22,9 @@ class Mpc(Codec):
     Pipeline per chunk of 1024 words: subtract the word ``dim`` positions earlier, transpose bits,
     subtract the previous word, drop zero words (a one-bit-per-word bitmap keeps their places).
     The compressed size depends on the data, but XLA needs a static one: the payload has room for
-    ``budget`` x raw bytes (``budget=None``: the worst case, so every input fits). ``Encoded.ok`` says
-    whether the data fit; a payload that did not fit must not be decoded.
+    ``budget`` x raw bytes (``budget=None``: the worst case, so every input fits). ``Encoded.ok``
+    says whether the data fit; a payload that did not fit must not be decoded. A malformed payload
+    makes ``decode`` raise on CPU; on CUDA it decodes to zeros (errors cannot leave the stream).
 
     >>> import jax.numpy as jnp
     >>> from jaxhc.codecs import Mpc
@@ -42,11 +41,18 @@ class Mpc(Codec):
     lossless = True
 
     def __post_init__(self):
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or not 1 <= self.dim <= MAX_DIM:
+        if (
+            isinstance(self.dim, bool)
+            or not isinstance(self.dim, int)
+            or not 1 <= self.dim <= MAX_DIM
+        ):
             raise ValueError(f"mpc dim {self.dim!r} must be an integer in 1..{MAX_DIM}")
         b = self.budget
         if b is not None and (
-            isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b <= 2 or math.isnan(b)
+            isinstance(b, bool)
+            or not isinstance(b, (int, float))
+            or not 0 < b <= 2
+            or math.isnan(b)
         ):
             raise ValueError(f"mpc budget {b!r} must be a fraction of the raw size in (0, 2]")
 
@@ -66,25 +72,44 @@ class Mpc(Codec):
 
     def encode(self, x: jax.Array) -> Encoded:
         dtype = self.check_dtype(x.dtype)
-        words = lax.bitcast_convert_type(x.reshape(-1), _WORD[dtype.itemsize])
-        n = words.shape[0]
+        flat = x.reshape(-1)
+        n = flat.shape[0]
         if n == 0:
             raise ValueError("mpc cannot encode an empty array")
         capacity = self.payload_bytes(n, dtype)
-        payload, nbytes = jax.ffi.ffi_call(
+        scratch = int(_native.cpu.mpc_scratch_bytes(n, dtype.itemsize))
+        payload, nbytes, _ = jax.ffi.ffi_call(
             "jaxhc_mpc_encode",
-            (jax.ShapeDtypeStruct((capacity,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.int32)),
+            (
+                jax.ShapeDtypeStruct((capacity,), jnp.uint8),
+                jax.ShapeDtypeStruct((), jnp.int32),
+                jax.ShapeDtypeStruct((scratch,), jnp.uint8),
+            ),
             vmap_method="broadcast_all",
-        )(words, dim=self.dim)
+        )(flat, dim=self.dim)
         return Encoded(payload, nbytes <= capacity, nbytes)
 
     def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:
         dtype = self.check_dtype(dtype)
         n = num_elements(shape)
         _check_payload(self, payload, self.payload_bytes(n, dtype))
-        words = jax.ffi.ffi_call(
-            "jaxhc_mpc_decode",
-            jax.ShapeDtypeStruct((n,), _WORD[dtype.itemsize]),
-            vmap_method="broadcast_all",
-        )(payload, dim=self.dim)
-        return lax.bitcast_convert_type(words, dtype).reshape(shape)
+        flat, _ = decode_flat(payload, n, dtype, self.dim, strict=True)
+        return flat.reshape(shape)
+
+
+def decode_flat(payload: jax.Array, n: int, dtype, dim: int, *, strict: bool):
+    """Decode MPC payloads (uint8[..., capacity]) into dtype[..., n] and a status (int32[...]).
+
+    The codec moves bits only: ``dtype`` may be any 16, 32 or 64-bit int or float type.
+    The status is 0 for a good row; a malformed row decodes to zeros with a nonzero status
+    (see ``Status`` in ffi/core/mpc.h). With ``strict`` the CPU decoder also raises for the first
+    bad row; the CUDA decoder never raises, it only reports the status.
+    """
+    return jax.ffi.ffi_call(
+        "jaxhc_mpc_decode",
+        (
+            jax.ShapeDtypeStruct((n,), dtype),
+            jax.ShapeDtypeStruct((), jnp.int32),
+        ),
+        vmap_method="broadcast_all",
+    )(payload, dim=dim, strict=int(strict))
