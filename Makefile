@@ -9,7 +9,7 @@ NATIVE_SOURCES := CMakeLists.txt pyproject.toml $(wildcard ffi/*/*.h ffi/*/*.cc 
 PYTEST := $(BIN)/python -m pytest
 XLA_HOST8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: setup native test test-all bench lint clean
+.PHONY: setup setup-mpi native test test-mpi test-all bench bench-mpi lint clean
 
 setup: $(VENV)/.native
 
@@ -36,14 +36,63 @@ $(VENV)/.native: $(VENV)/.deps $(NATIVE_SOURCES)
 
 native: $(VENV)/.native
 
-test: setup
-	$(XLA_HOST8) $(PYTEST) -q -m "not slow"
+# --- MPI: Open MPI from Debian, the `mpi` extra (mpi4py wheel, mpi4jax built here against it) ----
+MPI_APT_PACKAGES := openmpi-bin libopenmpi-dev
+# The requirements of pyproject.toml's `mpi` extra, one a line: `$(MPI_REQS) mpi4jax` gives mpi4jax's,
+# `$(MPI_REQS) mpi4py` the others (mpi4jax's build needs mpi4py installed first).
+MPI_REQS = $(BIN)/python -c 'import sys; exec("try: import tomllib\nexcept ImportError: from pip._vendor import tomli as tomllib"); \
+  reqs = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["mpi"]; \
+  print("\n".join(r for r in reqs if r.startswith("mpi4jax") == (sys.argv[1] == "mpi4jax")))'
+# mpi4jax's setup.py builds a CUDA bridge when it finds nvcc on PATH, CUDA_PATH or /usr/local/cuda,
+# and that build fails here: build it CPU-only, with every folder holding nvcc off PATH and
+# CUDA_PATH naming an empty folder (its CUDA lookup then finds no headers and skips the bridge).
+NO_NVCC_PATH = $$(tr ':' '\n' <<< "$$PATH" | while read -r d; do [ -x "$$d/nvcc" ] || printf '%s:' "$$d"; done)
 
-test-all: setup
-	$(XLA_HOST8) $(PYTEST) -q
+$(VENV)/.mpi: pyproject.toml $(VENV)/.native
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  need=""; for p in $(MPI_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
+	  if [ -n "$$need" ]; then echo "apt-get install$$need"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need) >/dev/null; fi; \
+	fi
+	@command -v mpicc >/dev/null && command -v mpirun >/dev/null || \
+	  { echo "Open MPI is missing: apt-get install $(MPI_APT_PACKAGES)"; exit 1; }
+	(echo "setuptools>=82.0.1"; echo wheel; $(MPI_REQS) mpi4py) | xargs -d '\n' $(BIN)/python -m pip install -q
+	nocuda=$$(mktemp -d) && $(MPI_REQS) mpi4jax | PATH="$(NO_NVCC_PATH)" CUDA_PATH="$$nocuda" \
+	  xargs -d '\n' $(BIN)/python -m pip install -q --no-build-isolation --no-binary mpi4jax; \
+	  rc=$$?; rmdir "$$nocuda"; exit $$rc
+	$(BIN)/python -c "import mpi4jax"
+	touch $@
+
+setup-mpi: $(VENV)/.mpi
+
+# The MPI suites: rank 0 reports; a failing rank aborts the job; `timeout` bounds a hang.
+MPI_TIMEOUT ?= 600
+MPIRUN = timeout -k 10 $(MPI_TIMEOUT) mpirun --oversubscribe --allow-run-as-root --bind-to none
+# Ranks waiting in MPI yield the core (rank 0 alone computes the XLA reference meanwhile).
+MPI_ENV = PYTHONPATH=tests XLA_FLAGS=--xla_force_host_platform_device_count=4 OMPI_MCA_mpi_yield_when_idle=1
+MPI_PYTEST = $(BIN)/python -m pytest -q -p mpi_plugin -p no:cacheprovider --timeout=150 -m mpi \
+  tests/test_mpi_transport.py
+
+test-mpi: setup-mpi
+	$(MPI_ENV) $(MPIRUN) -np 2 $(MPI_PYTEST)
+	$(MPI_ENV) $(MPIRUN) -np 4 $(MPI_PYTEST)
+
+test: setup setup-mpi
+	$(XLA_HOST8) $(PYTEST) -q -m "not slow and not mpi"
+	@$(MAKE) --no-print-directory test-mpi
+
+test-all: setup setup-mpi
+	$(XLA_HOST8) $(PYTEST) -q -m "not mpi"
+	@$(MAKE) --no-print-directory test-mpi
 
 bench: setup
 	$(BIN)/python bench/codecs.py --out bench/results/codecs.json
+
+# psum / all_gather per codec on the MPI transport, 2 and 4 processes (QUICK=1: 64 KB and 1 MB).
+bench-mpi: setup setup-mpi
+	for np in 2 4; do XLA_FLAGS=--xla_force_host_platform_device_count=1 $(MPIRUN) -np $$np \
+	  $(BIN)/python bench/mpi_collectives.py $(if $(QUICK),--quick) \
+	  --out bench/results/mpi_collectives_np$$np.json || exit 1; done
 
 lint: setup
 	$(BIN)/ruff check jaxhc tests bench && $(BIN)/ruff format --check jaxhc tests bench

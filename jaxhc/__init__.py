@@ -2,12 +2,15 @@
 
 from jaxhc import accounting as accounting
 from jaxhc import codecs as codecs
+from jaxhc import launch as launch
 from jaxhc import transport as transport
 from jaxhc.collectives import all_gather as all_gather
 from jaxhc.collectives import all_to_all as all_to_all
 from jaxhc.collectives import ppermute as ppermute
 from jaxhc.collectives import psum as psum
 from jaxhc.collectives import psum_scatter as psum_scatter
+from jaxhc.launch import Launcher as Launcher
+from jaxhc.launch import run as run
 from jaxhc.policy import Policy as Policy
 from jaxhc.transport import axis_index as axis_index
 from jaxhc.transport import axis_size as axis_size
@@ -15,6 +18,7 @@ from jaxhc.transport import axis_size as axis_size
 __version__ = "0.1.0"
 
 __all__ = [
+    "Launcher",
     "Policy",
     "accounting",
     "all_gather",
@@ -22,8 +26,10 @@ __all__ = [
     "axis_index",
     "axis_size",
     "codecs",
+    "launch",
     "ppermute",
     "psum",
     "psum_scatter",
+    "run",
     "transport",
 ]

@@ -79,7 +79,7 @@ def _compressed(x, axis_name, perm, codec: Codec, kind):
             return c.decode_rows(codec, got[None], x.size, x.dtype)[0].reshape(x.shape)
         # Ranks that receive nothing hold a zero payload, which is no valid stream for every
         # codec: they skip decoding and return zeros, as lax.ppermute does.
-        me = t.axis_index(axis_name)
+        me = t.ppermute_index(axis_name)  # perm's numbering: mesh order for a tuple of axes
         receives = jnp.isin(me, jnp.asarray(receivers))
         return lax.cond(
             receives,

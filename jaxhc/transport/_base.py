@@ -37,6 +37,14 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def ppermute(self, x: jax.Array, axis_name, perm) -> jax.Array: ...
 
+    def ppermute_index(self, axis_name) -> jax.Array:
+        """This rank's index as `ppermute`'s `perm` numbers it.
+
+        `jax.lax.ppermute` numbers the ranks of a tuple of axes in mesh order whatever the tuple's
+        order, unlike `axis_index` and the gathers, which follow the tuple's order.
+        """
+        return self.axis_index(axis_name)
+
     # Raw collectives with `jax.lax` semantics: the fallback path and the codec=None path.
     @abc.abstractmethod
     def psum(self, x, axis_name): ...

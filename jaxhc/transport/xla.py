@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxhc._compat import axis_size, check_vma_enabled
+from jaxhc._compat import axis_size, axis_tuple, check_vma_enabled
 from jaxhc.transport._base import Transport
 
 
@@ -38,6 +38,13 @@ class XlaTransport(Transport):
 
     def ppermute(self, x, axis_name, perm):
         return lax.ppermute(x, axis_name, perm)
+
+    def ppermute_index(self, axis_name):
+        axes = axis_tuple(axis_name)
+        order = tuple(jax.sharding.get_abstract_mesh().axis_names)
+        if len(axes) > 1 and all(a in order for a in axes):
+            axes = tuple(sorted(axes, key=order.index))
+        return lax.axis_index(axes)
 
     def psum(self, x, axis_name):
         return lax.psum(x, axis_name)

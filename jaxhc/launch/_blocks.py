@@ -1,0 +1,88 @@
+"""A process's block of a global array under a PartitionSpec, and assembling blocks back."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+
+def is_spec(s) -> bool:
+    return s is None or isinstance(s, P)
+
+
+def map_specs(fn, specs, tree):
+    """Apply fn(spec, leaf), `specs` being a pytree prefix of `tree` (as shard_map's specs are)."""
+
+    def per_subtree(spec, sub):
+        return jax.tree.map(lambda leaf: fn(spec, leaf), sub)
+
+    return jax.tree.map(per_subtree, specs, tree, is_leaf=is_spec)
+
+
+def _entries(spec, ndim, mesh_shape):
+    entries = tuple(spec or ()) + (None,) * (ndim - len(tuple(spec or ())))
+    if len(entries) > ndim:
+        raise ValueError(f"spec {spec} has more entries than the array has dimensions ({ndim})")
+    out = []
+    for e in entries:
+        axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        for a in axes:
+            if a not in mesh_shape:
+                raise ValueError(f"spec {spec} names axis {a!r}, not in the mesh {mesh_shape}")
+        out.append(axes)
+    return out
+
+
+def _index(axes, coords, mesh_shape):
+    idx = 0
+    for a in axes:
+        idx = idx * mesh_shape[a] + coords[a]
+    return idx
+
+
+def block_slices(spec, shape, coords, mesh_shape) -> tuple[slice, ...]:
+    """The slices of a global array of `shape` that the process at `coords` holds under `spec`."""
+    out = []
+    for dim, axes in zip(shape, _entries(spec, len(shape), mesh_shape), strict=True):
+        parts = math.prod(mesh_shape[a] for a in axes)
+        if dim % parts:
+            raise ValueError(
+                f"dimension of size {dim} does not split evenly over axes {axes} ({parts} parts) "
+                f"for spec {spec}"
+            )
+        step = dim // parts
+        i = _index(axes, coords, mesh_shape)
+        out.append(slice(i * step, (i + 1) * step))
+    return tuple(out)
+
+
+def local_block(spec, x, coords, mesh_shape):
+    x = np.asarray(x)
+    return x[block_slices(spec, x.shape, coords, mesh_shape)]
+
+
+def owns_block(spec, ndim, coords, mesh_shape) -> bool:
+    """Whether this process holds the canonical copy of its block: coordinate 0 on unnamed axes."""
+    named = {a for axes in _entries(spec, ndim, mesh_shape) for a in axes}
+    return all(coords[a] == 0 for a in mesh_shape if a not in named)
+
+
+def global_shape(spec, block_shape, mesh_shape) -> tuple[int, ...]:
+    entries = _entries(spec, len(block_shape), mesh_shape)
+    return tuple(
+        d * math.prod(mesh_shape[a] for a in axes)
+        for d, axes in zip(block_shape, entries, strict=True)
+    )
+
+
+def assemble(spec, blocks, all_coords, mesh_shape) -> np.ndarray:
+    """The global array from every rank's block (`blocks[r]` is held at `all_coords[r]`)."""
+    first = np.asarray(blocks[0])
+    out = np.empty(global_shape(spec, first.shape, mesh_shape), first.dtype)
+    for block, coords in zip(blocks, all_coords, strict=True):
+        if owns_block(spec, first.ndim, coords, mesh_shape):
+            out[block_slices(spec, out.shape, coords, mesh_shape)] = block
+    return out

@@ -1,0 +1,220 @@
+"""Shared pieces of the MPI tests: meshes, codecs (with skip reasons), programs, inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import math
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import jaxhc
+from jaxhc.codecs import Codec, Encoded, Identity
+
+AXES = {1: ("data",), 2: ("data", "tensor"), 3: ("pipe", "data", "tensor")}
+MESHES = [(2,), (1, 2), (4,), (2, 2), (1, 2, 2)]
+
+
+def mesh_shape(shape) -> dict[str, int]:
+    return dict(zip(AXES[len(shape)], shape, strict=True))
+
+
+def mesh_id(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class FiniteIdentity(Codec):
+    """The identity payload with a lossy codec's promise: `ok` only for finite input.
+
+    It drives the agreement round and the `lax.cond` fallback through the transports without the
+    native codecs: a NaN on any rank must send every rank down the raw path.
+    """
+
+    lossless = False
+
+    @property
+    def spec(self) -> str:
+        return "finite-identity"
+
+    def payload_bytes(self, n, dtype):
+        return Identity().payload_bytes(n, dtype)
+
+    def encode(self, x):
+        enc = Identity().encode(x)
+        return Encoded(enc.payload, jnp.isfinite(x).all(), enc.nbytes)
+
+    def decode(self, payload, shape, dtype):
+        return Identity().decode(payload, shape, dtype)
+
+
+CODECS = {
+    "raw": None,
+    "none": "none",
+    "finite": FiniteIdentity(),
+    "mpc": "mpc",
+    "mpc0.9": "mpc:0.9",
+    "zfp8": "zfp:8",
+}
+_STUB_ERRORS = ("not built yet", "UNIMPLEMENTED", "Wrong number of results")
+
+
+@functools.cache
+def codec_missing(name: str) -> str | None:
+    """Why the native codec behind `name` cannot run yet (None when it can, or is not native)."""
+    codec = jaxhc.codecs.parse(CODECS[name])
+    if not isinstance(codec, (jaxhc.codecs.Zfp, jaxhc.codecs.Mpc)):
+        return None
+    try:
+        codec.encode(jnp.linspace(-1, 1, 64, dtype=jnp.float32)).payload.block_until_ready()
+    except Exception as e:  # the stub kernels raise at run time until the codecs land
+        if any(s in str(e) for s in _STUB_ERRORS):
+            return f"{codec.spec} codec not built yet ({str(e).splitlines()[0][:80]})"
+        raise
+    return None
+
+
+def skip_if_codec_missing(name: str) -> None:
+    reason = codec_missing(name)
+    if reason:
+        pytest.skip(reason)
+
+
+def mpi_ready() -> str | None:
+    """Why MPI runs cannot happen here (None when mpirun, mpi4py and mpi4jax are all there).
+
+    Looks the modules up without importing them: importing mpi4py initializes MPI in this process.
+    """
+    if shutil.which("mpirun") is None:
+        return "mpirun not found (make test installs openmpi-bin)"
+    for mod in ("mpi4py", "mpi4jax"):
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed; `make test` installs the [mpi] extra"
+    return None
+
+
+# --- the per-shard program every transport must agree on ----------------------------------------
+
+
+def axis_choices(axes, full=True):
+    """full: each single axis, then all axes together in mesh order and reversed.
+
+    Otherwise (to keep compile time down where the codec, not the axis mapping, is under test):
+    the last axis alone and all axes together, reversed.
+    """
+    if not full:
+        return [axes[-1]] + ([tuple(reversed(axes))] if len(axes) > 1 else [])
+    out = [a for a in axes]
+    if len(axes) > 1:
+        out += [tuple(axes), tuple(reversed(axes))]
+    return out
+
+
+def collectives_body(axes, codec, full=True):
+    """A per-shard function running all five collectives over the axis choices."""
+
+    def body(x):
+        out = {}
+        for ax in axis_choices(axes, full):
+            k = ax if isinstance(ax, str) else "+".join(ax)
+            parts = jaxhc.axis_size(ax)
+            out[f"psum/{k}"] = jaxhc.psum(x, ax, codec=codec)
+            out[f"all_gather/{k}"] = jaxhc.all_gather(x, ax, codec=codec)
+            out[f"all_gather_tiled/{k}"] = jaxhc.all_gather(x, ax, axis=1, tiled=True, codec=codec)
+            out[f"psum_scatter/{k}"] = jaxhc.psum_scatter(
+                x, ax, scatter_dimension=1, tiled=True, codec=codec
+            )
+            shift = [(i, (i + 1) % parts) for i in range(parts)]
+            out[f"ppermute/{k}"] = jaxhc.ppermute(x, ax, shift, codec=codec)
+            if parts > 1:  # rank 0 only sends, rank 1 only receives, the rest do neither
+                out[f"ppermute_partial/{k}"] = jaxhc.ppermute(x, ax, [(0, 1)], codec=codec)
+            out[f"all_to_all/{k}"] = jaxhc.all_to_all(x, ax, 1, 0, tiled=True, codec=codec)
+            rows = x[:parts] if x.shape[0] >= parts else jnp.tile(x, (parts, 1))[:parts]
+            out[f"all_to_all_untiled/{k}"] = jaxhc.all_to_all(rows, ax, 0, 1, codec=codec)
+        # every output is stacked per shard (leading dim of 1, out_spec over all axes)
+        return {k: v[None] for k, v in out.items()}
+
+    return body
+
+
+def body_specs(axes):
+    return P(tuple(axes)), P(tuple(axes))
+
+
+def global_input(shape, *, dtype=np.float32, rows=4, cols=64, nan_at=None, seed=0):
+    """(devices * rows, cols) values spanning magnitudes, so reduction order shows in the bits."""
+    n = math.prod(shape)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n * rows, cols)) * np.exp(rng.uniform(-4, 4, (n * rows, cols)))
+    x = x.astype(dtype)
+    if nan_at is not None:
+        x[nan_at * rows, 3] = np.nan
+    return x
+
+
+def loss_body(axes, codec):
+    """A scalar per-shard loss through every collective, for gradients (check_vma=False rules)."""
+
+    def body(x):
+        total = 0.0
+        for ax in axis_choices(axes, full=False):
+            parts = jaxhc.axis_size(ax)
+            w = jnp.cos(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape))
+            total += jnp.sum(jaxhc.psum(x, ax, codec=codec) * w)
+            total += jnp.sum(jaxhc.all_gather(x, ax, axis=1, tiled=True, codec=codec) ** 2)
+            total += jnp.sum(
+                jaxhc.psum_scatter(x * w, ax, scatter_dimension=1, tiled=True, codec=codec)
+            )
+            shift = [(i, (i + 1) % parts) for i in range(parts)]
+            total += jnp.sum(jaxhc.ppermute(x, ax, shift, codec=codec) * w)
+            total += jnp.sum(jnp.sin(jaxhc.all_to_all(x, ax, 1, 0, tiled=True, codec=codec)))
+        return total
+
+    def grad_body(x):
+        return jax.grad(body)(x)
+
+    return grad_body
+
+
+def bits_equal(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def raw_body(axes):
+    """The raw (codec=None) collectives on several dtypes, over all axes together."""
+    ax = tuple(axes)
+
+    def body(xs):
+        out = {}
+        for name, x in xs.items():
+            out[f"psum/{name}"] = jaxhc.psum(x, ax)
+            out[f"psum_scatter/{name}"] = jaxhc.psum_scatter(x, ax, scatter_dimension=1, tiled=True)
+            out[f"all_gather/{name}"] = jaxhc.all_gather(x, ax, axis=1, tiled=True)
+            out[f"all_to_all/{name}"] = jaxhc.all_to_all(x, ax, 1, 0, tiled=True)
+        return {k: v[None] for k, v in out.items()}
+
+    return body
+
+
+def lax_reference_body(axes):
+    """The same raw collectives through jax.lax directly (the oracle for the XLA transport)."""
+    ax = tuple(axes)
+
+    def body(xs):
+        out = {}
+        for name, x in xs.items():
+            out[f"psum/{name}"] = lax.psum(x, ax)
+            out[f"psum_scatter/{name}"] = lax.psum_scatter(x, ax, scatter_dimension=1, tiled=True)
+            out[f"all_gather/{name}"] = lax.all_gather(x, ax, axis=1, tiled=True)
+            out[f"all_to_all/{name}"] = lax.all_to_all(x, ax, 1, 0, tiled=True)
+        return {k: v[None] for k, v in out.items()}
+
+    return body
