@@ -54,6 +54,11 @@ class TrainState:
     opt_state: Any
 
 
+# One compiled initializer per model config, run on the default device: every mesh gets the very
+# same values, then they are split over the mesh.
+_init_params = jax.jit(gpt.init_params, static_argnums=0)
+
+
 def make_mesh(mesh_cfg: MeshConfig, devices=None) -> Mesh:
     """A mesh with axes ("data", "tensor", "pipe") over `devices` (default: all of jax's)."""
     devices = list(jax.devices() if devices is None else devices)
@@ -170,14 +175,7 @@ def init_state(
     every mesh, so runs on different meshes are comparable.
     """
     plan = _Plan(model_cfg, mesh_cfg, mesh, optim_cfg)
-    if params is None:
-        init = jax.jit(
-            functools.partial(gpt.init_params, model_cfg),
-            out_shardings=plan.shardings(plan.param_specs),
-        )
-        params = init(seed)
-    else:
-        params = from_single(params, mesh)
+    params = from_single(_init_params(model_cfg, seed) if params is None else params, mesh)
 
     def zeros(s):
         shape = (mesh_cfg.pipe, mesh_cfg.tensor, plan.layout.padded) if s.ndim else ()
