@@ -21,7 +21,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 
 from jaxhc.model.config import GPTConfig
 from jaxhc.model.layers import INIT_STD, Block, layer_norm
@@ -57,13 +56,13 @@ def run_blocks(blocks: dict, x: jax.Array, cfg: GPTConfig, tp: TensorParallel | 
     """Apply the stacked `blocks` (leading layer axis) to `x` (B, T, C) in order.
 
     `tp`: this rank's tensor parallelism when `blocks` are a rank's slices (None: one device).
+    A Python loop rather than `lax.scan`, so that the accounting callbacks of the tensor-parallel
+    collectives run once per layer under `jax.grad` (see `jaxhc.parallel.pipeline`).
     """
     block = Block(cfg, tp or TensorParallel())
-
-    def layer(h, p):
-        return block.apply({"params": p}, h), None
-
-    return lax.scan(layer, x, blocks)[0]
+    for i in range(jax.tree.leaves(blocks)[0].shape[0]):
+        x = block.apply({"params": jax.tree.map(lambda w, i=i: w[i], blocks)}, x)
+    return x
 
 
 def head(params: dict, x: jax.Array, cfg: GPTConfig) -> jax.Array:
