@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxhc
-from jaxhc.model import init_state, make_loss_and_grads, params_to_single
+from jaxhc.model import init_state, initial_state, make_loss_and_grads, params_to_single
 from jaxhc.parallel import zero
 from tests._gpt import (
     CFG,
@@ -42,6 +42,11 @@ def test_initial_parameters_do_not_depend_on_the_mesh():
         got = params_to_single(init_state(CFG, mesh_cfg, OPTIM, mesh, SEED))
         ref = got if ref is None else ref
         jax.tree.map(np.testing.assert_array_equal, got, ref)
+    # The host copy a one-process-per-device launcher places block by block.
+    host = initial_state(CFG, mesh_cfg, OPTIM, SEED)
+    jax.tree.map(np.testing.assert_array_equal, host.params, ref)
+    state = init_state(CFG, mesh_cfg, OPTIM, mesh, SEED)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), host)
 
 
 @pytest.mark.parametrize("policy,mesh", CASES)
