@@ -51,7 +51,15 @@ def all_axes(codec: str, name: str) -> jaxhc.Policy:
 POLICIES = {
     "none": jaxhc.Policy.preset("none"),
     "identity": all_axes("none", "identity-all"),
-    "mpc": all_axes("mpc:0.8", "mpc-all"),
+    "mpc": all_axes("mpc:0.8", "mpc-all"),  # the preset's budget: most calls here fall back
+    "mpc-unbudgeted": all_axes("mpc", "mpc-unbudgeted"),  # every call compressed
+    "zhybrid": jaxhc.Policy.from_dict(
+        {
+            "name": "zhybrid-all",
+            "axes": {"data": "zfp:8", "tensor": "zfp:16", "pipe": "zfp:16"},
+            "min_bytes": 0,
+        }
+    ),
 }
 
 
