@@ -51,7 +51,8 @@ def all_axes(codec: str, name: str) -> jaxhc.Policy:
 POLICIES = {
     "none": jaxhc.Policy.preset("none"),
     "identity": all_axes("none", "identity-all"),
-    "mpc": all_axes("mpc:0.8", "mpc-all"),  # the preset's budget: most calls here fall back
+    # The preset's budget: messages that do not fit fall back to raw transfer.
+    "mpc": all_axes(f"mpc:{jaxhc.policy.MPC_BUDGET}", "mpc-all"),
     "mpc-unbudgeted": all_axes("mpc", "mpc-unbudgeted"),  # every call compressed
     "zhybrid": jaxhc.Policy.from_dict(
         {
