@@ -1,0 +1,75 @@
+"""GPipe over the "pipe" axis in SPMD form: all stages step in lockstep.
+
+With S stages and M micro-batches the schedule has M + S - 1 ticks. At tick t, stage s works on
+micro-batch ``m = t - s`` (a bubble when m is outside [0, M)):
+
+    tick        0    1    2    3    4          (S = 3, M = 3)
+    stage 0     m0   m1   m2   .    .
+    stage 1     .    m0   m1   m2   .
+    stage 2     .    .    m0   m1   m2
+
+At the start of each tick, the stages that finished a micro-batch at the previous tick send it to
+the next stage (`jaxhc.ppermute`, ``kind="act"``; the pairs are known per tick, so bubbles send
+nothing and each stage boundary carries exactly M messages per step). The first stage reads its
+next micro-batch instead, and every stage runs its layers (in bubbles, on values nobody uses).
+The backward schedule is `jax.grad` of this one, the cotangents going back through the conjugate
+(inverse) ppermutes.
+
+The ticks (and the layers of a stage) are Python loops, not `lax.scan`: under `jax.grad`, JAX
+hoists effects out of a scan's forward body (jax-ml/jax#16637), so the accounting callbacks of
+the collectives inside would run once instead of once per tick.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+import jaxhc
+
+AXIS = "pipe"
+
+
+def gpipe(stage_fn: Callable[[jax.Array], jax.Array], x: jax.Array, policy) -> jax.Array:
+    """Run `stage_fn` (this rank's layers) over the pipeline.
+
+    x: (M, ...) micro-batch inputs, read on the first stage only.
+    Returns (M, ...) outputs, meaningful on the last stage only.
+    """
+    stages = jaxhc.axis_size(AXIS)
+    stage = jaxhc.axis_index(AXIS)
+    micro = x.shape[0]
+    out, outs = None, []
+    for t in range(micro + stages - 1):
+        received = 0.0
+        if stages > 1 and t > 0:
+            # Stage s sends what it computed at tick t - 1 if that was micro-batch 0..M-1.
+            senders = range(max(0, t - micro), min(t - 1, stages - 2) + 1)
+            received = _send(out, tuple((s, s + 1) for s in senders), policy)
+        out = stage_fn(jnp.where(stage == 0, x[min(t, micro - 1)], received))
+        outs.append(out)
+    return jnp.stack(outs[stages - 1 :])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _send(x, perm, policy):
+    """`jaxhc.ppermute` over "pipe" whose cotangent goes back through `jaxhc.ppermute` too.
+
+    jaxhc's ppermute differentiates its plain (uncompressed) path with `jax.lax`'s transpose,
+    which its ledger does not see; routing both directions through jaxhc counts every byte.
+    """
+    return jaxhc.ppermute(x, AXIS, perm, policy=policy, kind="act")
+
+
+def _send_fwd(x, perm, policy):
+    return _send(x, perm, policy), None
+
+
+def _send_bwd(perm, policy, _, ct):
+    return (jaxhc.ppermute(ct, AXIS, tuple((d, s) for s, d in perm), policy=policy, kind="act"),)
+
+
+_send.defvjp(_send_fwd, _send_bwd)

@@ -1,0 +1,145 @@
+"""The train state, where it lives on the mesh, and moving parameters on and off the mesh."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxhc.model import gpt
+from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig, validate
+from jaxhc.parallel import zero
+from jaxhc.parallel.layout import FlatLayout, param_specs
+
+OPT_SPEC = P("pipe", "tensor", "data")  # AdamW moments: (pipe, tensor, padded flat params)
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a step updates: sharded `jax.Array`s on the mesh (or a rank's blocks of them).
+
+    step:      int32 scalar, replicated: the number of updates applied so far.
+    params:    the single-layout parameter tree (see `jaxhc.model.gpt`), sharded as in
+               `jaxhc.parallel.layout`.
+    opt_state: optax AdamW state; its moments have shape (pipe, tensor, padded local parameter
+               count) and are split over "data" (ZeRO-1); its count is a replicated scalar.
+    """
+
+    step: jax.Array
+    params: dict
+    opt_state: Any
+
+
+class Plan:
+    """Shapes, PartitionSpecs and the flat ZeRO layout of a model on a mesh configuration."""
+
+    def __init__(self, model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg=None):
+        validate(model_cfg, mesh_cfg)
+        self.model, self.mesh_cfg, self.optim = model_cfg, mesh_cfg, optim_cfg
+        self.param_shapes = jax.eval_shape(functools.partial(gpt.init_params, model_cfg), 0)
+        self.param_specs = param_specs(self.param_shapes)
+        self.layout = FlatLayout(self.param_shapes, mesh_cfg)
+        if optim_cfg is not None:
+            chunk = jax.ShapeDtypeStruct((self.layout.chunk,), jnp.float32)
+            self.opt_local = jax.eval_shape(functools.partial(zero.init_chunk, optim_cfg), chunk)
+            self.opt_specs = jax.tree.map(lambda x: OPT_SPEC if x.ndim else P(), self.opt_local)
+            self.state_specs = TrainState(P(), self.param_specs, self.opt_specs)
+
+    def zero_opt_state(self):
+        """The initial AdamW state as global host arrays."""
+        m = self.mesh_cfg
+
+        def zeros(s):
+            return np.zeros((m.pipe, m.tensor, self.layout.padded) if s.ndim else (), s.dtype)
+
+        return jax.tree.map(zeros, self.opt_local)
+
+    def check_tokens(self, shape, width: int) -> None:
+        if len(shape) != 2 or shape[1] != width:
+            raise ValueError(f"tokens have shape {tuple(shape)}; expected (batch, {width})")
+        validate(self.model, self.mesh_cfg, batch_size=shape[0])
+
+
+def make_mesh(mesh_cfg: MeshConfig, devices=None) -> Mesh:
+    """A mesh with axes ("data", "tensor", "pipe") over `devices` (default: all of jax's)."""
+    devices = list(jax.devices() if devices is None else devices)
+    validate(None, mesh_cfg, n_devices=len(devices))
+    return Mesh(np.array(devices).reshape(mesh_cfg.shape), AXES)
+
+
+def check_mesh(mesh: Mesh, mesh_cfg: MeshConfig) -> None:
+    validate(None, mesh_cfg, n_devices=mesh.devices.size)
+    if tuple(mesh.axis_names) != AXES or tuple(mesh.devices.shape) != mesh_cfg.shape:
+        raise ValueError(
+            f"mesh axes {dict(mesh.shape)} do not match mesh config "
+            f"data={mesh_cfg.data}, tensor={mesh_cfg.tensor}, pipe={mesh_cfg.pipe}"
+        )
+
+
+def shardings(mesh: Mesh, specs):
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+
+
+def train_state_specs(model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig):
+    """The PartitionSpecs of a TrainState (a TrainState of specs), e.g. for a launcher's `put`."""
+    return Plan(model_cfg, mesh_cfg, optim_cfg).state_specs
+
+
+# One compiled initializer per model config, run on the default device: every mesh gets the very
+# same values, then they are split over the mesh.
+_init_params = jax.jit(gpt.init_params, static_argnums=0)
+
+
+def initial_state(
+    model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig, seed: int, params=None
+) -> TrainState:
+    """The fresh TrainState of `init_state` as global host (numpy) arrays, to place with
+    `train_state_specs` where the mesh is not a `jax.sharding.Mesh` (one process per device)."""
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg)
+    params = _init_params(model_cfg, seed) if params is None else params
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
+    return TrainState(np.zeros((), np.int32), params, plan.zero_opt_state())
+
+
+def init_state(
+    model_cfg: GPTConfig,
+    mesh_cfg: MeshConfig,
+    optim_cfg: OptimConfig,
+    mesh: Mesh,
+    seed: int,
+    params=None,
+) -> TrainState:
+    """A fresh TrainState placed on `mesh`: parameters from `seed` (or the given single-layout
+    `params`, e.g. from `from_hf_gpt2`), zero AdamW moments, step 0.
+
+    The parameters depend on the seed only, not on the mesh: the same seed gives the same model on
+    every mesh, so runs on different meshes are comparable.
+    """
+    check_mesh(mesh, mesh_cfg)
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg)
+    params = from_single(_init_params(model_cfg, seed) if params is None else params, mesh)
+    opt_state = jax.device_put(plan.zero_opt_state(), shardings(mesh, plan.opt_specs))
+    step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(mesh, P()))
+    return TrainState(step, params, opt_state)
+
+
+def from_single(params, mesh: Mesh) -> dict:
+    """Place a single-layout parameter tree (host or device arrays) on `mesh`, sharded."""
+    specs = param_specs(params)
+    return jax.tree.map(
+        lambda x, s: jax.device_put(jnp.asarray(x, jnp.float32), NamedSharding(mesh, s)),
+        params,
+        specs,
+    )
+
+
+def params_to_single(state_or_params) -> dict:
+    """The parameters of a TrainState (or a sharded parameter tree) as host numpy arrays."""
+    params = state_or_params.params if isinstance(state_or_params, TrainState) else state_or_params
+    return jax.device_get(params)

@@ -1,0 +1,264 @@
+"""The train step, eval loss and logits of the GPT on a ("data", "tensor", "pipe") mesh.
+
+Each program is written per shard (`per_shard_train_step`, `per_shard_eval_loss`: what a rank
+runs on its blocks) and mapped over the mesh by one `jax.shard_map` (``check_vma=False``: the
+Megatron operators of `jaxhc.parallel.tensor` make every reduction explicit) in the `make_*`
+functions. Every cross-device byte goes through jaxhc's collectives under the policy:
+
+* "tensor": `jaxhc.psum` of block outputs and of their input gradients (``kind="act"``);
+* "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and `jaxhc.psum` of
+  the gradients of ``wte``, ``wpe`` and ``ln_f``, which every stage holds (``kind="grad"``);
+* "data": `jaxhc.psum_scatter` of gradients (``kind="grad"``), `jaxhc.all_gather` of updated
+  parameters (``kind="param"``);
+* two plain scalar sums, also through jaxhc so the ledger counts them (kind "other"): the loss over
+  ("data", "pipe") and the squared gradient norm over all axes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxhc
+from jaxhc.model import gpt
+from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
+from jaxhc.parallel import zero
+from jaxhc.parallel.pipeline import gpipe
+from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
+from jaxhc.parallel.tensor import TensorParallel
+from jaxhc.policy import Policy
+
+METRIC_SPECS = {"loss": P(), "grad_norm": P(), "lr": P()}
+
+
+def _policy(policy) -> Policy | None:
+    return None if policy is None else Policy.load(policy)
+
+
+def _local_opt(opt_state):
+    return jax.tree.map(lambda x: x.reshape(-1) if x.ndim else x, opt_state)
+
+
+def _global_opt(opt_state):
+    return jax.tree.map(lambda x: x.reshape(1, 1, -1) if x.ndim else x, opt_state)
+
+
+def _map(fn, mesh: Mesh, in_specs, out_specs):
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-shard model: embedding on the first stage, blocks through the pipeline, head on the last.
+
+
+def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, policy, last_stage_fn):
+    """Run the pipelined model on this rank's `inputs` (B_local, T) and return
+    ``last_stage_fn(hidden)`` on the last stage, zeros elsewhere; hidden is (M, B_local / M, T, C).
+    """
+    tp = TensorParallel(mesh_cfg.tensor, policy)
+    stage, stages = jaxhc.axis_index("pipe"), jaxhc.axis_size("pipe")
+    micro = inputs.reshape(mesh_cfg.microbatches, -1, inputs.shape[-1])
+    x = lax.cond(
+        stage == 0,
+        lambda: gpt.embed(params, micro, cfg),
+        lambda: jnp.zeros((*micro.shape, cfg.n_embd), cfg.compute_dtype),
+    )
+    hidden = gpipe(lambda h: gpt.run_blocks(params["blocks"], h, cfg, tp), x, policy)
+    out = jax.eval_shape(last_stage_fn, hidden)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out)
+    return lax.cond(stage == stages - 1, last_stage_fn, lambda _: zeros, hidden)
+
+
+def _local_loss(params, tokens, cfg, mesh_cfg, policy):
+    """This rank's share of the global mean loss: the sum of its token losses over all tokens."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    total = tokens.shape[0] * jaxhc.axis_size("data") * targets.shape[1]
+
+    def loss_sum(hidden):
+        logits = gpt.head(params, hidden, cfg)
+        return gpt.token_losses(logits, targets.reshape(hidden.shape[:-1])).sum() / total
+
+    return _forward(params, inputs, cfg, mesh_cfg, policy, loss_sum)
+
+
+def _loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
+    """Global loss (every rank) and this rank's gradients, not yet summed over "data"."""
+    objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, policy=policy)
+    local, grads = jax.value_and_grad(objective)(params, tokens)
+    if jaxhc.axis_size("pipe") > 1:  # every stage holds wte, wpe, ln_f: sum their gradients
+        shared = {k: grads[k] for k in ("wte", "wpe", "ln_f")}
+        grads = {**grads, **jaxhc.psum(shared, "pipe", policy=policy, kind="grad")}
+    return zero.psum_scalar(local, ("data", "pipe")), grads
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-shard programs.
+
+
+def per_shard_train_step(
+    model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig, policy
+):
+    """``step(state, tokens) -> (state, metrics)`` as one rank runs it, on its blocks.
+
+    `state` has the blocks of `train_state_specs`, `tokens` this rank's rows (split over "data").
+    For a launcher that runs per-shard functions itself (one process per device); the batch is
+    not validated here (`validate(..., batch_size=)` it first).
+    """
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg)
+    policy = _policy(policy)
+
+    def step(state: TrainState, tokens):
+        loss, grads = _loss_and_grads(state.params, tokens, model_cfg, mesh_cfg, policy)
+        params, opt_state, grad_norm, lr = zero.update(
+            state.params,
+            _local_opt(state.opt_state),
+            grads,
+            state.step,
+            plan.layout,
+            optim_cfg,
+            policy,
+        )
+        new = TrainState(state.step + 1, params, _global_opt(opt_state))
+        return new, {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+
+    return step
+
+
+def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy):
+    """``eval_loss(params, tokens) -> loss`` as one rank runs it (see `per_shard_train_step`)."""
+    policy = _policy(policy)
+
+    def eval_loss(params, tokens):
+        local = _local_loss(params, tokens, model_cfg, mesh_cfg, policy)
+        return zero.psum_scalar(local, ("data", "pipe"))
+
+    return eval_loss
+
+
+# ---------------------------------------------------------------------------------------------
+# Jitted programs on a jax.sharding.Mesh.
+
+
+def make_train_step(
+    model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig, mesh: Mesh, policy
+):
+    """``step(state, tokens) -> (state, metrics)``, jitted; `state` is donated.
+
+    tokens: int32 [global_batch, block_size + 1] (inputs ``tokens[:, :-1]``, targets
+    ``tokens[:, 1:]``); global_batch must be divisible by mesh data x microbatches. A host array is
+    placed split over "data".
+    metrics: float32 scalars ``loss`` (mean next-token cross-entropy of the batch, before the
+    update), ``grad_norm`` (before clipping) and ``lr`` (the rate this step applied).
+    policy: a `jaxhc.Policy`, a preset name or YAML path, or None for plain `jax.lax` collectives.
+    Traffic is recorded by jaxhc's collectives in any active `jaxhc.accounting.Ledger`.
+
+    On XLA:CPU with many host devices, bound the steps in flight (e.g. block on every step's
+    metrics): dozens of queued executions with collectives trip XLA's rendezvous timeout.
+    """
+    check_mesh(mesh, mesh_cfg)
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg)
+    per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy)
+    specs = plan.state_specs
+    sharded = _map(per_shard, mesh, (specs, P("data")), (specs, METRIC_SPECS))
+
+    @functools.partial(
+        jax.jit,
+        in_shardings=(shardings(mesh, specs), NamedSharding(mesh, P("data"))),
+        out_shardings=(shardings(mesh, specs), shardings(mesh, METRIC_SPECS)),
+        donate_argnums=0,
+    )
+    def step(state, tokens):
+        plan.check_tokens(tokens.shape, model_cfg.block_size + 1)
+        return sharded(state, tokens.astype(jnp.int32))
+
+    return step
+
+
+def make_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, policy):
+    """``eval_loss(params, tokens) -> loss``, jitted: the train step's loss without an update.
+
+    params: ``state.params``; tokens as for the train step.
+    """
+    check_mesh(mesh, mesh_cfg)
+    plan = Plan(model_cfg, mesh_cfg)
+    per_shard = per_shard_eval_loss(model_cfg, mesh_cfg, policy)
+    sharded = _map(per_shard, mesh, (plan.param_specs, P("data")), P())
+
+    @functools.partial(
+        jax.jit,
+        in_shardings=(shardings(mesh, plan.param_specs), NamedSharding(mesh, P("data"))),
+    )
+    def eval_loss(params, tokens):
+        plan.check_tokens(tokens.shape, model_cfg.block_size + 1)
+        return sharded(params, tokens.astype(jnp.int32))
+
+    return eval_loss
+
+
+def make_loss_and_grads(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, policy):
+    """``loss_and_grads(params, tokens) -> (loss, grads)``, jitted: the gradients the train step
+    feeds AdamW (before clipping), in the single layout and sharded like the parameters.
+
+    For tests and inspection: the reduced chunks are gathered back over "data" with
+    `jaxhc.all_gather` (``kind="grad"``), which the train step does not do.
+    """
+    check_mesh(mesh, mesh_cfg)
+    plan = Plan(model_cfg, mesh_cfg)
+    policy = _policy(policy)
+
+    def per_shard(params, tokens):
+        loss, grads = _loss_and_grads(params, tokens, model_cfg, mesh_cfg, policy)
+        chunk = zero.reduce_gradients(grads, plan.layout, policy)
+        if mesh_cfg.data > 1:
+            chunk = jaxhc.all_gather(chunk, "data", tiled=True, policy=policy, kind="grad")
+        return loss, plan.layout.unflatten(chunk)
+
+    specs = (P(), plan.param_specs)
+    sharded = _map(per_shard, mesh, (plan.param_specs, P("data")), specs)
+
+    @functools.partial(
+        jax.jit,
+        in_shardings=(shardings(mesh, plan.param_specs), NamedSharding(mesh, P("data"))),
+        out_shardings=shardings(mesh, specs),
+    )
+    def loss_and_grads(params, tokens):
+        plan.check_tokens(tokens.shape, model_cfg.block_size + 1)
+        return sharded(params, tokens.astype(jnp.int32))
+
+    return loss_and_grads
+
+
+def make_logits(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, policy):
+    """``logits(params, inputs) -> float32 [batch, T, vocab]`` for int inputs [batch, T], jitted.
+
+    For tests and inspection: the last stage's logits are picked outside the per-shard program,
+    which moves them between devices with XLA's own transfers.
+    """
+    check_mesh(mesh, mesh_cfg)
+    plan = Plan(model_cfg, mesh_cfg)
+    policy = _policy(policy)
+
+    def per_shard(params, inputs):
+        def last_stage(hidden):
+            return gpt.head(params, hidden, model_cfg).reshape(*inputs.shape, -1)
+
+        return _forward(params, inputs, model_cfg, mesh_cfg, policy, last_stage)[None]
+
+    sharded = _map(per_shard, mesh, (plan.param_specs, P("data")), P("pipe", "data"))
+
+    @functools.partial(
+        jax.jit,
+        in_shardings=(shardings(mesh, plan.param_specs), NamedSharding(mesh, P("data"))),
+    )
+    def logits(params, inputs):
+        if inputs.ndim != 2 or inputs.shape[1] > model_cfg.block_size:
+            raise ValueError(f"inputs have shape {inputs.shape}; expected (batch, <= block_size)")
+        validate(model_cfg, mesh_cfg, batch_size=inputs.shape[0])
+        return sharded(params, inputs.astype(jnp.int32))[-1]
+
+    return logits

@@ -1,0 +1,80 @@
+"""Megatron's conjugate operators for tensor parallelism over the "tensor" mesh axis.
+
+A tensor-parallel layer pair (column-parallel then row-parallel) is entered with `enter` and left
+with `exit`:
+
+* `enter`: identity forward, psum of the cotangent backward (each rank's branch contributes part of
+  the input's gradient).
+* `exit`: psum forward (each rank holds a partial sum of the output), identity backward.
+
+Both reductions go through `jaxhc.psum` with ``kind="act"``, so they are compressed by the policy of
+the tensor axis. With these explicit operators every tensor rank computes the same loss and the same
+gradients for tensor-replicated parameters (LayerNorms, biases of row-parallel layers, embeddings),
+with no hidden reduction: the shard_map runs with ``check_vma=False`` and each rank differentiates
+its own copy of the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+
+import jaxhc
+from jaxhc.policy import Policy
+
+AXIS = "tensor"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorParallel:
+    """How a block is split over the tensor axis: `size` ranks, reductions under `policy`.
+
+    ``TensorParallel(size=1)`` (or None where a layer takes one) is the single-device model.
+    """
+
+    size: int = 1
+    policy: Policy | None = None
+
+    def enter(self, x: jax.Array) -> jax.Array:
+        return x if self.size == 1 else _enter(x, self.policy)
+
+    def exit(self, x: jax.Array) -> jax.Array:
+        return x if self.size == 1 else _exit(x, self.policy)
+
+
+def _psum(x, policy):
+    return jaxhc.psum(x, AXIS, policy=policy, kind="act")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _enter(x, policy):
+    return x
+
+
+def _enter_fwd(x, policy):
+    return x, None
+
+
+def _enter_bwd(policy, _, ct):
+    return (_psum(ct, policy),)
+
+
+_enter.defvjp(_enter_fwd, _enter_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _exit(x, policy):
+    return _psum(x, policy)
+
+
+def _exit_fwd(x, policy):
+    return _psum(x, policy), None
+
+
+def _exit_bwd(policy, _, ct):
+    return (ct,)
+
+
+_exit.defvjp(_exit_fwd, _exit_bwd)

@@ -1,0 +1,103 @@
+"""ZeRO-1 AdamW over the "data" axis: reduce-scatter gradients, update a chunk, all-gather params.
+
+Per rank, per step (inside shard_map):
+
+1. its local gradients, flattened (`FlatLayout`), are reduce-scattered over "data" with
+   `jaxhc.psum_scatter(kind="grad")`: the rank receives the summed gradient of its chunk;
+2. the global gradient norm sums each chunk's squares over all ranks, counting a parameter that is
+   replicated over "tensor" or "pipe" once (on rank 0 of that axis), and clips like
+   `optax.clip_by_global_norm`;
+3. optax AdamW updates the chunk (its moments live only on this rank), with per-element weight
+   decay (matrices and embeddings only) and the warm-up + cosine learning rate;
+4. the updated chunks are all-gathered over "data" with `jaxhc.all_gather(kind="param")`; every
+   rank, the owner included, uses the decoded values, so the replicas stay identical.
+
+`reference_optimizer` is the same update on one device, on the whole parameter tree (the oracle).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+import jaxhc
+from jaxhc.model.config import OptimConfig
+from jaxhc.parallel.layout import FlatLayout, decay_mask
+
+ALL_AXES = ("data", "tensor", "pipe")
+
+
+def lr_schedule(cfg: OptimConfig):
+    """Linear warm-up to ``lr`` over ``warmup_steps``, cosine decay to ``lr * min_lr_ratio`` at
+    ``total_steps``, constant after (nanoGPT's schedule: step 0 already has a non-zero rate)."""
+    peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        warm = peak * (step + 1) / (cfg.warmup_steps + 1)
+        ratio = jnp.clip(
+            (step - cfg.warmup_steps) / max(cfg.total_steps - cfg.warmup_steps, 1), 0, 1
+        )
+        cosine = floor + 0.5 * (1 + jnp.cos(jnp.pi * ratio)) * (peak - floor)
+        return jnp.where(step < cfg.warmup_steps, warm, cosine)
+
+    return schedule
+
+
+def adamw(cfg: OptimConfig, learning_rate, weight_decay, mask=None) -> optax.GradientTransformation:
+    return optax.adamw(learning_rate, cfg.b1, cfg.b2, cfg.eps, weight_decay=weight_decay, mask=mask)
+
+
+def reference_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """The single-device equivalent of `update`, for whole parameter trees."""
+    clip = optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity()
+    return optax.chain(clip, adamw(cfg, lr_schedule(cfg), cfg.weight_decay, mask=decay_mask))
+
+
+def init_chunk(cfg: OptimConfig, chunk: jax.Array) -> optax.OptState:
+    """AdamW state of one rank's chunk (the decay and learning rate do not enter the state)."""
+    return adamw(cfg, cfg.lr, cfg.weight_decay).init(chunk)
+
+
+def reduce_gradients(grads, layout: FlatLayout, policy) -> jax.Array:
+    """This rank's chunk of the flattened gradients, summed over "data"."""
+    flat = layout.flatten(grads)
+    if jaxhc.axis_size("data") == 1:
+        return flat
+    return jaxhc.psum_scatter(flat, "data", tiled=True, policy=policy, kind="grad")
+
+
+def chunk_start(layout: FlatLayout) -> jax.Array:
+    return jaxhc.axis_index("data") * layout.chunk
+
+
+def global_norm(chunk: jax.Array, layout: FlatLayout) -> jax.Array:
+    """L2 norm of the whole model's gradient from every rank's reduced chunk."""
+    owned = layout.owned(jaxhc.axis_index("tensor"), jaxhc.axis_index("pipe"))
+    mine = layout.per_element(owned, chunk_start(layout), layout.chunk)
+    return jnp.sqrt(psum_scalar(jnp.sum(jnp.where(mine, jnp.square(chunk), 0.0)), ALL_AXES))
+
+
+def psum_scalar(x: jax.Array, axes) -> jax.Array:
+    """Plain (uncompressed) sum of a scalar over `axes`, through jaxhc so the ledger sees it."""
+    axes = tuple(a for a in axes if jaxhc.axis_size(a) > 1)
+    return jaxhc.psum(x, axes) if axes else x
+
+
+def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig, policy):
+    """One ZeRO-1 AdamW step: (new params, new opt_state, grad_norm, lr). Runs per shard."""
+    g = reduce_gradients(grads, layout, policy)
+    norm = global_norm(g, layout)
+    if cfg.grad_clip > 0:  # the same expression as optax.clip_by_global_norm
+        g = jnp.where(norm < cfg.grad_clip, g, g / norm * cfg.grad_clip)
+    start = chunk_start(layout)
+    p = lax.dynamic_slice_in_dim(layout.flatten(params), start, layout.chunk)
+    decay = cfg.weight_decay * layout.per_element([*layout.decayed, False], start, layout.chunk)
+    lr = lr_schedule(cfg)(step)
+    updates, opt_state = adamw(cfg, lr, decay).update(g, opt_state, p)
+    p = optax.apply_updates(p, updates)
+    if jaxhc.axis_size("data") > 1:
+        p = jaxhc.all_gather(p, "data", tiled=True, policy=policy, kind="param")
+    return layout.unflatten(p), opt_state, norm, lr
