@@ -114,11 +114,19 @@ def disabled():
         _STATE.enabled = prev
 
 
-def record(axis_name, kind: str | None, raw: float, wire: float, fallback: bool = False) -> None:
-    """Called by collectives while tracing: emits a callback that tallies one execution."""
+def record(
+    axis_name, kind: str | None, raw: float, wire: float, fallback: bool = False, anchor=None
+) -> None:
+    """Called by collectives while tracing: emits a callback that tallies one execution.
+
+    `anchor` (the collective's result) makes the callback depend on data the collective produced:
+    without it, JAX hoists the callback out of a `lax.scan` under `jax.grad` as loop-invariant, and
+    it would run once instead of once per iteration.
+    """
     if not enabled():
         return
     axis = ",".join(axis_name) if isinstance(axis_name, (tuple, list)) else str(axis_name)
+    args = (anchor.reshape(-1)[:1],) if anchor is not None and anchor.size else ()
     jax.debug.callback(
-        lambda: _dispatch(axis, kind or "other", float(raw), float(wire), bool(fallback))
+        lambda *_: _dispatch(axis, kind or "other", float(raw), float(wire), bool(fallback)), *args
     )

@@ -336,3 +336,24 @@ def test_odd_sizes_equal_lax(shape, codec):
          lambda a: lax.ppermute(a, axis, [(0, 3), (3, 0)])),
     ]:
         np.testing.assert_array_equal(run(ours, mesh, x), run(ref, mesh, x))
+
+
+@pytest.mark.parametrize("codec", [None, "none", "zfp:16"])
+def test_accounting_counts_every_execution_in_scan_under_grad(codec):
+    """Forward and backward traffic of a collective inside lax.scan, compressed or plain."""
+    mesh, axis = mesh_of("1d2")
+    swap = [(0, 1), (1, 0)]
+
+    def body(h, _):
+        return jaxhc.ppermute(h, axis, swap, codec=codec, kind="act") * 1.5, None
+
+    def loss(a):
+        fn = jax.shard_map(lambda v: lax.scan(body, v, None, length=3)[0], mesh=mesh,
+                           in_specs=jax.P("x"), out_specs=jax.P("x"))
+        return fn(a).sum()
+
+    x = smooth_data(mesh)
+    with jaxhc.accounting.Ledger() as ledger:
+        jax.block_until_ready(jax.jit(jax.grad(loss))(x))
+    calls = ledger.per_axis(devices=2)["x"]["calls"]
+    assert calls == 6  # 3 forward sends + 3 backward sends

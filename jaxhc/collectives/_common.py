@@ -39,6 +39,12 @@ def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
     return chosen
 
 
+def differentiable(x) -> bool:
+    """Float inputs go through jaxhc's custom_vjp even uncompressed, so the ledger sees backward
+    traffic too; other dtypes take the plain lax collective (they carry no gradient)."""
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
 def may_fail(codec: Codec) -> bool:
     """Whether `codec.encode` can report not-ok (then the call needs an agreement round)."""
     return not (isinstance(codec, Identity) or (isinstance(codec, Mpc) and codec.budget is None))
@@ -100,8 +106,10 @@ def prepare(x, axis_name):
     return x, vma
 
 
-def record(axis_name, kind, raw: float, wire: float, fallback: bool = False) -> None:
-    accounting.record(axis_name, kind, raw, wire, fallback)
+def record(axis_name, kind, raw: float, wire: float, fallback: bool = False, anchor=None):
+    """Tally one execution (see `jaxhc.accounting.record`) and return `anchor` unchanged."""
+    accounting.record(axis_name, kind, raw, wire, fallback, anchor)
+    return anchor
 
 
 def nbytes(x) -> int:

@@ -51,11 +51,8 @@ def _one(x, axis_name, axis, tiled, to, codec, policy, kind):
     axis = _check_axis(x, axis, tiled)
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, vma = c.prepare(x, axis_name)
-    if chosen is None:
-        parts = transport().axis_size(axis_name)
-        raw = (parts - 1) * c.nbytes(x)
-        c.record(axis_name, kind, raw, raw)
-        return _raw(x, axis_name, axis, tiled, to, vma)
+    if chosen is None and not c.differentiable(x):
+        return _plain(x, axis_name, axis, tiled, to, kind, vma)
     return _gather(x, axis_name, axis, tiled, to, chosen, kind, vma)
 
 
@@ -71,8 +68,13 @@ def _raw(x, axis_name, axis, tiled, to, vma):
     return transport().all_gather(x, axis_name, axis=axis, tiled=tiled, **kw)
 
 
+def _plain(x, axis_name, axis, tiled, to, kind, vma):
+    raw = (transport().axis_size(axis_name) - 1) * c.nbytes(x)
+    return c.record(axis_name, kind, raw, raw, anchor=_raw(x, axis_name, axis, tiled, to, vma))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6, 7))
-def _gather(x, axis_name, axis, tiled, to, codec: Codec, kind, vma):
+def _gather(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
     return _compressed(x, axis_name, axis, tiled, to, codec, kind, vma)
 
 
@@ -99,7 +101,9 @@ def _own_slice(ct, axis_name, axis, tiled):
     return piece if tiled else jnp.squeeze(piece, axis)
 
 
-def _compressed(x, axis_name, axis, tiled, to, codec: Codec, kind, vma):
+def _compressed(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
+    if codec is None:
+        return _plain(x, axis_name, axis, tiled, to, kind, vma)
     t = transport()
     parts = t.axis_size(axis_name)
     raw = (parts - 1) * c.nbytes(x)
@@ -107,15 +111,16 @@ def _compressed(x, axis_name, axis, tiled, to, codec: Codec, kind, vma):
     agree = c.agreement_bytes(codec, parts)
 
     def gather():
-        c.record(axis_name, kind, raw, (parts - 1) * payload.shape[0] + agree)
-        rows = c.decode_rows(codec, t.all_gather_rows(payload, axis_name), x.size, x.dtype)
+        got = t.all_gather_rows(payload, axis_name)
+        c.record(axis_name, kind, raw, (parts - 1) * payload.shape[0] + agree, anchor=got)
+        rows = c.decode_rows(codec, got, x.size, x.dtype)
         out = jnp.moveaxis(rows.reshape((parts,) + x.shape), 0, axis)
         if tiled:
             out = out.reshape(x.shape[:axis] + (parts * x.shape[axis],) + x.shape[axis + 1 :])
         return make_varying(out, axis_tuple(axis_name)) if to == "varying" else out
 
     def plain():
-        c.record(axis_name, kind, raw, raw + agree, True)
-        return _raw(x, axis_name, axis, tiled, to, vma)
+        out = _raw(x, axis_name, axis, tiled, to, vma)
+        return c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
 
     return c.guarded(ok, axis_name, codec, gather, plain)

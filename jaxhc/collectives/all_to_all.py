@@ -48,11 +48,16 @@ def _one(x, axis_name, split_axis, concat_axis, tiled, codec, policy, kind):
     split_axis, concat_axis = _check_axes(x, split_axis, concat_axis, tiled, parts)
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, _ = c.prepare(x, axis_name)
-    if chosen is None:
-        raw = (parts - 1) / parts * c.nbytes(x)
-        c.record(axis_name, kind, raw, raw)
-        return transport().all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
+    if chosen is None and not c.differentiable(x):
+        return _plain(x, axis_name, split_axis, concat_axis, tiled, kind)
     return _exchange(x, axis_name, split_axis, concat_axis, tiled, chosen, kind)
+
+
+def _plain(x, axis_name, split_axis, concat_axis, tiled, kind):
+    parts = transport().axis_size(axis_name)
+    raw = (parts - 1) / parts * c.nbytes(x)
+    out = transport().all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
+    return c.record(axis_name, kind, raw, raw, anchor=out)
 
 
 def _check_axes(x, split_axis, concat_axis, tiled, parts):
@@ -69,7 +74,7 @@ def _check_axes(x, split_axis, concat_axis, tiled, parts):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
-def _exchange(x, axis_name, split_axis, concat_axis, tiled, codec: Codec, kind):
+def _exchange(x, axis_name, split_axis, concat_axis, tiled, codec: Codec | None, kind):
     return _compressed(x, axis_name, split_axis, concat_axis, tiled, codec, kind)
 
 
@@ -84,7 +89,9 @@ def _bwd(axis_name, split_axis, concat_axis, tiled, codec, kind, _, ct):
 _exchange.defvjp(_fwd, _bwd)
 
 
-def _compressed(x, axis_name, split_axis, concat_axis, tiled, codec: Codec, kind):
+def _compressed(x, axis_name, split_axis, concat_axis, tiled, codec: Codec | None, kind):
+    if codec is None:
+        return _plain(x, axis_name, split_axis, concat_axis, tiled, kind)
     t = transport()
     parts = t.axis_size(axis_name)
     raw = (parts - 1) / parts * c.nbytes(x)
@@ -102,8 +109,9 @@ def _compressed(x, axis_name, split_axis, concat_axis, tiled, codec: Codec, kind
     payloads, ok = c.encode_rows(codec, rows)
 
     def exchange():
-        c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree)
-        got = c.decode_rows(codec, t.all_to_all_rows(payloads, axis_name), m, x.dtype)
+        got = t.all_to_all_rows(payloads, axis_name)
+        c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree, anchor=got)
+        got = c.decode_rows(codec, got, m, x.dtype)
         got = got[:, :size].reshape((parts,) + chunk_shape)
         out = jnp.moveaxis(got, 0, concat_axis)
         if tiled:  # merge the rank axis into the concat axis
@@ -112,7 +120,7 @@ def _compressed(x, axis_name, split_axis, concat_axis, tiled, codec: Codec, kind
         return out
 
     def plain():
-        c.record(axis_name, kind, raw, raw + agree, True)
-        return t.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
+        out = t.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
+        return c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
 
     return c.guarded(ok, axis_name, codec, exchange, plain)

@@ -30,11 +30,14 @@ def _one(x, axis_name, perm, codec, policy, kind):
     _check_perm(perm, parts)
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, _ = c.prepare(x, axis_name)
-    if chosen is None:
-        raw = len(perm) / parts * c.nbytes(x)
-        c.record(axis_name, kind, raw, raw)
-        return transport().ppermute(x, axis_name, perm)
+    if chosen is None and not c.differentiable(x):
+        return _plain(x, axis_name, perm, kind)
     return _permute(x, axis_name, perm, chosen, kind)
+
+
+def _plain(x, axis_name, perm, kind):
+    raw = len(perm) / transport().axis_size(axis_name) * c.nbytes(x)
+    return c.record(axis_name, kind, raw, raw, anchor=transport().ppermute(x, axis_name, perm))
 
 
 def _check_perm(perm, parts):
@@ -47,7 +50,7 @@ def _check_perm(perm, parts):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
-def _permute(x, axis_name, perm, codec: Codec, kind):
+def _permute(x, axis_name, perm, codec: Codec | None, kind):
     return _compressed(x, axis_name, perm, codec, kind)
 
 
@@ -63,7 +66,9 @@ def _bwd(axis_name, perm, codec, kind, _, ct):
 _permute.defvjp(_fwd, _bwd)
 
 
-def _compressed(x, axis_name, perm, codec: Codec, kind):
+def _compressed(x, axis_name, perm, codec: Codec | None, kind):
+    if codec is None:
+        return _plain(x, axis_name, perm, kind)
     t = transport()
     parts = t.axis_size(axis_name)
     share = len(perm) / parts  # average fraction of ranks that send
@@ -73,8 +78,8 @@ def _compressed(x, axis_name, perm, codec: Codec, kind):
     receivers = sorted(d for _, d in perm)
 
     def permute():
-        c.record(axis_name, kind, raw, share * payload.shape[0] + agree)
         got = t.ppermute(payload, axis_name, perm)
+        c.record(axis_name, kind, raw, share * payload.shape[0] + agree, anchor=got)
         if len(receivers) == parts:
             return c.decode_rows(codec, got[None], x.size, x.dtype)[0].reshape(x.shape)
         # Ranks that receive nothing hold a zero payload, which is no valid stream for every
@@ -89,7 +94,6 @@ def _compressed(x, axis_name, perm, codec: Codec, kind):
         )
 
     def plain():
-        c.record(axis_name, kind, raw, raw + agree, True)
-        return t.ppermute(x, axis_name, perm)
+        return c.record(axis_name, kind, raw, raw + agree, True, anchor=t.ppermute(x, axis_name, perm))
 
     return c.guarded(ok, axis_name, codec, permute, plain)

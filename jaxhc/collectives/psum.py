@@ -36,25 +36,18 @@ def psum(x, axis_name, *, axis_index_groups=None, codec: CodecLike = None, polic
 def _one(x, axis_name, codec, policy, kind):
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, vma = c.prepare(x, axis_name)
-    if chosen is None:
+    if chosen is None and not c.differentiable(x):
         return _plain(x, axis_name, kind)
     return _psum(x, axis_name, chosen, kind, vma)
 
 
-def _plain(x, axis_name, kind):
-    parts = transport().axis_size(axis_name)
-    raw = 2 * (parts - 1) / parts * c.nbytes(x)
-    c.record(axis_name, kind, raw, raw)
-    return transport().psum(x, axis_name)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
-def _psum(x, axis_name, codec: Codec, kind, vma: bool):
-    return _compressed(x, axis_name, codec, kind)
+def _psum(x, axis_name, codec: Codec | None, kind, vma: bool):
+    return _run(x, axis_name, codec, kind)
 
 
 def _fwd(x, axis_name, codec, kind, vma):
-    return _compressed(x, axis_name, codec, kind), None
+    return _run(x, axis_name, codec, kind), None
 
 
 def _bwd(axis_name, codec, kind, vma, _, ct):
@@ -66,11 +59,17 @@ def _bwd(axis_name, codec, kind, vma, _, ct):
 _psum.defvjp(_fwd, _bwd)
 
 
-def _compressed(x, axis_name, codec: Codec, kind):
+def _plain(x, axis_name, kind):
+    parts = transport().axis_size(axis_name)
+    raw = 2 * (parts - 1) / parts * c.nbytes(x)
+    return c.record(axis_name, kind, raw, raw, anchor=transport().psum(x, axis_name))
+
+
+def _run(x, axis_name, codec: Codec | None, kind):
     t = transport()
     parts = t.axis_size(axis_name)
-    if parts == 1:
-        return t.psum(x, axis_name)
+    if codec is None or parts == 1:
+        return _plain(x, axis_name, kind)
     n, shape, dtype = x.size, x.shape, x.dtype
     raw = 2 * (parts - 1) / parts * c.nbytes(x)
     agree = c.agreement_bytes(codec, parts)
@@ -84,19 +83,21 @@ def _compressed(x, axis_name, codec: Codec, kind):
         payload, ok2 = c.encode_one(codec, reduced)
 
         def gather():
-            c.record(axis_name, kind, raw, sent + (parts - 1) * payload.shape[0] + agree)
-            return c.decode_rows(codec, t.all_gather_rows(payload, axis_name), m, dtype)
+            got = t.all_gather_rows(payload, axis_name)
+            c.record(axis_name, kind, raw, sent + (parts - 1) * payload.shape[0] + agree,
+                     anchor=got)
+            return c.decode_rows(codec, got, m, dtype)
 
         def gather_raw():
-            c.record(axis_name, kind, raw, sent + (parts - 1) * c.nbytes(reduced) + agree, True)
-            return t.all_gather_rows(reduced, axis_name)
+            got = t.all_gather_rows(reduced, axis_name)
+            wire = sent + (parts - 1) * c.nbytes(reduced) + agree
+            return c.record(axis_name, kind, raw, wire, True, anchor=got)
 
         out = c.guarded(ok2, axis_name, codec, gather, gather_raw)
         per = -(-max(n, 1) // parts)  # values per chunk before to_rows padded rows to m
         return out[:, :per].reshape(-1)[:n].reshape(shape)
 
     def plain():
-        c.record(axis_name, kind, raw, raw + agree, True)
-        return t.psum(x, axis_name)
+        return c.record(axis_name, kind, raw, raw + agree, True, anchor=t.psum(x, axis_name))
 
     return c.guarded(ok, axis_name, codec, reduce_scatter_then_gather, plain)

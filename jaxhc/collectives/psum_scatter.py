@@ -49,11 +49,16 @@ def _one(x, axis_name, dim, tiled, codec, policy, kind):
     dim = _check_dim(x, dim, tiled, parts)
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, vma = c.prepare(x, axis_name)
-    if chosen is None:
-        raw = (parts - 1) / parts * c.nbytes(x)
-        c.record(axis_name, kind, raw, raw)
-        return transport().psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
+    if chosen is None and not c.differentiable(x):
+        return _plain(x, axis_name, dim, tiled, kind)
     return _scatter(x, axis_name, dim, tiled, chosen, kind, vma)
+
+
+def _plain(x, axis_name, dim, tiled, kind):
+    parts = transport().axis_size(axis_name)
+    raw = (parts - 1) / parts * c.nbytes(x)
+    out = transport().psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
+    return c.record(axis_name, kind, raw, raw, anchor=out)
 
 
 def _check_dim(x, dim, tiled, parts):
@@ -70,7 +75,7 @@ def _check_dim(x, dim, tiled, parts):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
-def _scatter(x, axis_name, dim, tiled, codec: Codec, kind, vma):
+def _scatter(x, axis_name, dim, tiled, codec: Codec | None, kind, vma):
     return _compressed(x, axis_name, dim, tiled, codec, kind)
 
 
@@ -87,7 +92,9 @@ def _bwd(axis_name, dim, tiled, codec, kind, vma, _, ct):
 _scatter.defvjp(_fwd, _bwd)
 
 
-def _compressed(x, axis_name, dim, tiled, codec: Codec, kind):
+def _compressed(x, axis_name, dim, tiled, codec: Codec | None, kind):
+    if codec is None:
+        return _plain(x, axis_name, dim, tiled, kind)
     t = transport()
     parts = t.axis_size(axis_name)
     raw = (parts - 1) / parts * c.nbytes(x)
@@ -100,13 +107,14 @@ def _compressed(x, axis_name, dim, tiled, codec: Codec, kind):
     payloads, ok = c.encode_rows(codec, rows)
 
     def scatter():
-        c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree)
-        pieces = c.decode_rows(codec, t.all_to_all_rows(payloads, axis_name), m, x.dtype)
+        got = t.all_to_all_rows(payloads, axis_name)
+        c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree, anchor=got)
+        pieces = c.decode_rows(codec, got, m, x.dtype)
         reduced = c.sum_rows(pieces, x.dtype).astype(x.dtype)[:size].reshape(chunk_shape)
         return jnp.moveaxis(reduced, 0, dim) if tiled else reduced
 
     def plain():
-        c.record(axis_name, kind, raw, raw + agree, True)
-        return t.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
+        out = t.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
+        return c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
 
     return c.guarded(ok, axis_name, codec, scatter, plain)
