@@ -56,13 +56,14 @@ def run_blocks(blocks: dict, x: jax.Array, cfg: GPTConfig, tp: TensorParallel | 
     """Apply the stacked `blocks` (leading layer axis) to `x` (B, T, C) in order.
 
     `tp`: this rank's tensor parallelism when `blocks` are a rank's slices (None: one device).
-    A Python loop rather than `lax.scan`, so that the accounting callbacks of the tensor-parallel
-    collectives run once per layer under `jax.grad` (see `jaxhc.parallel.pipeline`).
+    A `lax.scan` over layers: one compiled block however deep the model.
     """
     block = Block(cfg, tp or TensorParallel())
-    for i in range(jax.tree.leaves(blocks)[0].shape[0]):
-        x = block.apply({"params": jax.tree.map(lambda w, i=i: w[i], blocks)}, x)
-    return x
+
+    def layer(h, params):
+        return block.apply({"params": params}, h), None
+
+    return jax.lax.scan(layer, x, blocks)[0]
 
 
 def head(params: dict, x: jax.Array, cfg: GPTConfig) -> jax.Array:

@@ -15,14 +15,12 @@ next micro-batch instead, and every stage runs its layers (in bubbles, on values
 The backward schedule is `jax.grad` of this one, the cotangents going back through the conjugate
 (inverse) ppermutes.
 
-The ticks (and the layers of a stage) are Python loops, not `lax.scan`: under `jax.grad`, JAX
-hoists effects out of a scan's forward body (jax-ml/jax#16637), so the accounting callbacks of
-the collectives inside would run once instead of once per tick.
+The ticks are a Python loop, not `lax.scan`: each tick has its own static set of sending pairs,
+which is what keeps bubbles free of messages.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import jax
@@ -48,28 +46,9 @@ def gpipe(stage_fn: Callable[[jax.Array], jax.Array], x: jax.Array, policy) -> j
         if stages > 1 and t > 0:
             # Stage s sends what it computed at tick t - 1 if that was micro-batch 0..M-1.
             senders = range(max(0, t - micro), min(t - 1, stages - 2) + 1)
-            received = _send(out, tuple((s, s + 1) for s in senders), policy)
+            received = jaxhc.ppermute(
+                out, AXIS, tuple((s, s + 1) for s in senders), policy=policy, kind="act"
+            )
         out = stage_fn(jnp.where(stage == 0, x[min(t, micro - 1)], received))
         outs.append(out)
     return jnp.stack(outs[stages - 1 :])
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _send(x, perm, policy):
-    """`jaxhc.ppermute` over "pipe" whose cotangent goes back through `jaxhc.ppermute` too.
-
-    jaxhc's ppermute differentiates its plain (uncompressed) path with `jax.lax`'s transpose,
-    which its ledger does not see; routing both directions through jaxhc counts every byte.
-    """
-    return jaxhc.ppermute(x, AXIS, perm, policy=policy, kind="act")
-
-
-def _send_fwd(x, perm, policy):
-    return _send(x, perm, policy), None
-
-
-def _send_bwd(perm, policy, _, ct):
-    return (jaxhc.ppermute(ct, AXIS, tuple((d, s) for s, d in perm), policy=policy, kind="act"),)
-
-
-_send.defvjp(_send_fwd, _send_bwd)
