@@ -40,3 +40,13 @@ def make_varying(x, axes) -> jax.Array:
 
 def axis_size(axis_name: AxisName) -> int:
     return int(lax.axis_size(axis_name))
+
+
+def like(outputs, x):
+    """Give `outputs` (a pytree) the shard_map "varying" type of `x`.
+
+    An `ffi_call` result is typed invariant inside `shard_map(check_vma=True)` whatever its input;
+    left so, a wrong `out_specs` would pass silently.
+    """
+    axes = tuple(varying_axes(x))
+    return jax.tree.map(lambda y: make_varying(y, axes), outputs) if axes else outputs

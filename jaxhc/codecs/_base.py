@@ -70,3 +70,4 @@ class Codec(abc.ABC):
 
 def num_elements(shape) -> int:
     return math.prod(int(d) for d in shape)
+

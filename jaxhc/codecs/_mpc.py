@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxhc import _native
+from jaxhc._compat import like
 from jaxhc.codecs._base import Codec, Encoded, num_elements
 from jaxhc.codecs._identity import _check_payload
 
@@ -87,7 +88,7 @@ class Mpc(Codec):
             ),
             vmap_method="broadcast_all",
         )(flat, dim=self.dim)
-        return Encoded(payload, nbytes <= capacity, nbytes)
+        return like(Encoded(payload, nbytes <= capacity, nbytes), x)
 
     def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:
         dtype = self.check_dtype(dtype)
@@ -105,7 +106,7 @@ def decode_flat(payload: jax.Array, n: int, dtype, dim: int, *, strict: bool):
     (see ``Status`` in ffi/core/mpc.h). With ``strict`` the CPU decoder also raises for the first
     bad row; the CUDA decoder never raises, it only reports the status.
     """
-    return jax.ffi.ffi_call(
+    out = jax.ffi.ffi_call(
         "jaxhc_mpc_decode",
         (
             jax.ShapeDtypeStruct((n,), dtype),
@@ -113,3 +114,4 @@ def decode_flat(payload: jax.Array, n: int, dtype, dim: int, *, strict: bool):
         ),
         vmap_method="broadcast_all",
     )(payload, dim=dim, strict=int(strict))
+    return like(out, payload)

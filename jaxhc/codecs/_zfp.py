@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxhc import _native
+from jaxhc._compat import like
 from jaxhc.codecs._base import Codec, Encoded, num_elements
 from jaxhc.codecs._identity import _check_payload
 
@@ -81,7 +82,7 @@ class Zfp(Codec):
             (jax.ShapeDtypeStruct((size,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)),
             vmap_method="broadcast_all",
         )(flat, maxbits=self.maxbits(x.dtype))
-        return Encoded(payload, finite, jnp.asarray(size, jnp.int32))
+        return like(Encoded(payload, finite, jnp.asarray(size, jnp.int32)), x)
 
     def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:
         coded = self.coded_dtype(dtype)
@@ -92,4 +93,4 @@ class Zfp(Codec):
             jax.ShapeDtypeStruct((n,), coded),
             vmap_method="broadcast_all",
         )(payload, maxbits=self.maxbits(dtype))
-        return flat.astype(dtype).reshape(shape)
+        return like(flat, payload).astype(dtype).reshape(shape)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxhc import accounting
-from jaxhc._compat import check_vma_enabled, make_varying, varying_axes
+from jaxhc._compat import axis_tuple, check_vma_enabled, make_varying
 from jaxhc.codecs import Codec, CodecLike, Identity, Mpc, parse
 from jaxhc.policy import Policy
 from jaxhc.transport import current as transport
@@ -53,19 +53,16 @@ def may_fail(codec: Codec) -> bool:
 def encode_rows(codec: Codec, rows: jax.Array):
     """Encode each row of `rows` (P, m) separately: payloads (P, B) and one `ok` for all rows."""
     enc = jax.vmap(codec.encode)(rows)
-    vma = tuple(varying_axes(rows))
-    return make_varying(enc.payload, vma), make_varying(enc.ok.all(), vma)
+    return enc.payload, enc.ok.all()
 
 
 def encode_one(codec: Codec, row: jax.Array):
     enc = codec.encode(row)
-    vma = tuple(varying_axes(row))
-    return make_varying(enc.payload, vma), make_varying(enc.ok, vma)
+    return enc.payload, enc.ok
 
 
 def decode_rows(codec: Codec, payloads: jax.Array, m: int, dtype) -> jax.Array:
-    rows = jax.vmap(lambda p: codec.decode(p, (m,), dtype))(payloads)
-    return make_varying(rows, tuple(varying_axes(payloads)))
+    return jax.vmap(lambda p: codec.decode(p, (m,), dtype))(payloads)
 
 
 def to_rows(x: jax.Array, parts: int) -> tuple[jax.Array, int]:
@@ -102,7 +99,7 @@ def prepare(x, axis_name):
     """Mark `x` varying over the collective's axes (as `jax.lax` does) and say whether vma is on."""
     vma = check_vma_enabled()
     if vma:
-        x = make_varying(x, tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,))
+        x = make_varying(x, axis_tuple(axis_name))
     return x, vma
 
 

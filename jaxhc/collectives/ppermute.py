@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxhc._compat import like
 from jaxhc.codecs import Codec, CodecLike
 from jaxhc.collectives import _common as c
 from jaxhc.transport import current as transport
@@ -89,7 +90,7 @@ def _compressed(x, axis_name, perm, codec: Codec | None, kind):
         return lax.cond(
             receives,
             lambda p: c.decode_rows(codec, p[None], x.size, x.dtype)[0].reshape(x.shape),
-            lambda p: c.make_varying(jnp.zeros(x.shape, x.dtype), tuple(c.varying_axes(p))),
+            lambda p: like(jnp.zeros(x.shape, x.dtype), p),
             got,
         )
 
