@@ -123,7 +123,13 @@ def main(argv=None) -> int:
     sp.add_argument("--out", help="override the sweep's output directory")
     sp.add_argument("--no-progress", action="store_true")
     sp.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
-    args = ap.parse_args(argv)
+    # Overrides may sit between options (argparse stops a "*" positional at the first option).
+    args, extra = ap.parse_known_args(argv)
+    stray = [e for e in extra if e.startswith("-") or "=" not in e or args.command == "report"]
+    if stray:
+        ap.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
     try:
         return {"train": cmd_train, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)
     except (ValueError, FileNotFoundError) as e:

@@ -39,15 +39,23 @@ class TrainConfig:
 SECTIONS = {"model": GPTConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig}
 
 
+# The default run (`make train`, `jaxhc train` without --config; configs/experiments/default.yaml
+# spells the same values out): a small byte-level GPT on 8 devices as data x tensor x pipe = 2x2x2.
+DEFAULT_MODEL = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
+DEFAULT_MESH = MeshConfig(data=2, tensor=2, pipe=2, microbatches=2)
+DEFAULT_OPTIM = OptimConfig(lr=3e-3, warmup_steps=20, total_steps=300)
+DEFAULT_TRAIN = TrainConfig(steps=300, batch_size=32)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """One training run. ``compression`` is a policy preset name or a policy YAML path."""
 
     name: str = "default"
-    model: GPTConfig = GPTConfig()
-    mesh: MeshConfig = MeshConfig()
-    optim: OptimConfig = OptimConfig()
-    train: TrainConfig = TrainConfig()
+    model: GPTConfig = DEFAULT_MODEL
+    mesh: MeshConfig = DEFAULT_MESH
+    optim: OptimConfig = DEFAULT_OPTIM
+    train: TrainConfig = DEFAULT_TRAIN
     compression: str = "zhybrid"
     transport: str = "xla"
 
@@ -69,18 +77,19 @@ def from_dict(data: dict[str, Any]) -> ExperimentConfig:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key in SECTIONS:
-            kwargs[key] = _section(key, value)
+            kwargs[key] = _section(key, value, getattr(ExperimentConfig, key))
         elif key in ("name", "compression", "transport"):
             kwargs[key] = str(value)
         else:
             raise ValueError(f"unknown config key {key!r}")
-    if "optim" not in data or "total_steps" not in (data.get("optim") or {}):
-        steps = kwargs.get("train", TrainConfig()).steps
-        kwargs["optim"] = dataclasses.replace(kwargs.get("optim", OptimConfig()), total_steps=steps)
+    if "total_steps" not in (data.get("optim") or {}):
+        steps = kwargs.get("train", DEFAULT_TRAIN).steps
+        kwargs["optim"] = dataclasses.replace(kwargs.get("optim", DEFAULT_OPTIM), total_steps=steps)
     return ExperimentConfig(**kwargs)
 
 
-def _section(name: str, value: Any):
+def _section(name: str, value: Any, default):
+    """The section's dataclass: `default` with the keys of `value` replaced."""
     cls = SECTIONS[name]
     if not isinstance(value, dict):
         raise ValueError(f"config section {name!r} must be a mapping, got {value!r}")
@@ -95,7 +104,7 @@ def _section(name: str, value: Any):
                 value[key] = float(v)
             except ValueError:
                 raise ValueError(f"{name}.{key}={v!r} is not a number") from None
-    return cls(**value)
+    return dataclasses.replace(default, **value)
 
 
 def load(path: str | None, overrides: list[str] = ()) -> ExperimentConfig:
