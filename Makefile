@@ -9,7 +9,7 @@ NATIVE_SOURCES := CMakeLists.txt pyproject.toml $(wildcard ffi/*/*.h ffi/*/*.cc 
 PYTEST := $(BIN)/python -m pytest
 XLA_HOST8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: setup setup-mpi native test test-mpi test-all bench bench-mpi lint clean
+.PHONY: setup setup-mpi native train test test-mpi test-all bench bench-mpi lint clean
 
 setup: $(VENV)/.native
 
@@ -84,6 +84,11 @@ test: setup setup-mpi
 test-all: setup setup-mpi
 	$(XLA_HOST8) $(PYTEST) -q -m "not mpi"
 	@$(MAKE) --no-print-directory test-mpi
+
+# The default small GPT on the embedded corpus, 8 simulated CPU devices, policy zhybrid.
+RUN ?= runs/default-$(shell date +%Y%m%d-%H%M%S)
+train: setup
+	$(XLA_HOST8) $(BIN)/jaxhc train --config configs/experiments/default.yaml --out $(RUN)
 
 bench: setup
 	$(BIN)/python bench/codecs.py --out bench/results/codecs.json
