@@ -28,26 +28,48 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import jaxhc  # noqa: E402
 from _common import markdown_table, print_table, timeit, write_json  # noqa: E402
+
+import jaxhc  # noqa: E402
 from jaxhc.codecs import parse  # noqa: E402
 
 LINKS_GBIT = (1, 10, 100)
 ALPHA = 5e-6  # seconds per message (typical RDMA/TCP latency order)
 
-# name -> (call, ring messages per rank, values encoded, values decoded) for n local values on P ranks
+# name -> (call, ring messages per rank, values encoded, values decoded), n local values, P ranks
 COLLECTIVES = {
-    "psum": (lambda x, a, c: jaxhc.psum(x, a, codec=c), lambda p: 2 * (p - 1),
-             lambda n, p: n + n / p, lambda n, p: 2 * n),
-    "all_gather": (lambda x, a, c: jaxhc.all_gather(x, a, tiled=True, codec=c), lambda p: p - 1,
-                   lambda n, p: n, lambda n, p: n * p),
-    "psum_scatter": (lambda x, a, c: jaxhc.psum_scatter(x, a, tiled=True, codec=c),
-                     lambda p: p - 1, lambda n, p: n, lambda n, p: n),
-    "ppermute": (lambda x, a, c: jaxhc.ppermute(x, a, [(i, (i + 1) % x_parts(a)) for i in
-                                                       range(x_parts(a))], codec=c),
-                 lambda p: 1, lambda n, p: n, lambda n, p: n),
-    "all_to_all": (lambda x, a, c: jaxhc.all_to_all(x, a, 0, 0, tiled=True, codec=c),
-                   lambda p: p - 1, lambda n, p: n, lambda n, p: n),
+    "psum": (
+        lambda x, a, c: jaxhc.psum(x, a, codec=c),
+        lambda p: 2 * (p - 1),
+        lambda n, p: n + n / p,
+        lambda n, p: 2 * n,
+    ),
+    "all_gather": (
+        lambda x, a, c: jaxhc.all_gather(x, a, tiled=True, codec=c),
+        lambda p: p - 1,
+        lambda n, p: n,
+        lambda n, p: n * p,
+    ),
+    "psum_scatter": (
+        lambda x, a, c: jaxhc.psum_scatter(x, a, tiled=True, codec=c),
+        lambda p: p - 1,
+        lambda n, p: n,
+        lambda n, p: n,
+    ),
+    "ppermute": (
+        lambda x, a, c: jaxhc.ppermute(
+            x, a, [(i, (i + 1) % x_parts(a)) for i in range(x_parts(a))], codec=c
+        ),
+        lambda p: 1,
+        lambda n, p: n,
+        lambda n, p: n,
+    ),
+    "all_to_all": (
+        lambda x, a, c: jaxhc.all_to_all(x, a, 0, 0, tiled=True, codec=c),
+        lambda p: p - 1,
+        lambda n, p: n,
+        lambda n, p: n,
+    ),
 }
 
 
@@ -83,8 +105,9 @@ def run_case(name, spec, nbytes, parts, kind):
     mesh = Mesh(np.array(jax.devices()[:parts]), ("x",))
     x = jax.device_put(jnp.asarray(data(n * parts, kind)), NamedSharding(mesh, P("x")))
     codec = None if spec == "lax" else spec
-    fn = jax.jit(jax.shard_map(lambda v: call(v, "x", codec), mesh=mesh, in_specs=P("x"),
-                               out_specs=P("x")))
+    fn = jax.jit(
+        jax.shard_map(lambda v: call(v, "x", codec), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    )
     jax.block_until_ready(fn(x))  # compile outside the ledger
     with jaxhc.accounting.Ledger() as ledger:
         jax.block_until_ready(fn(x))
@@ -114,30 +137,63 @@ def main() -> None:
             for kb in sizes:
                 for spec in specs:
                     n, per, seconds, msgs, enc_vals, dec_vals = run_case(
-                        name, spec, kb * 1024, parts, args.data)
+                        name, spec, kb * 1024, parts, args.data
+                    )
                     enc_s, dec_s = speeds[spec]
                     codec_seconds = enc_vals / enc_s + dec_vals / dec_s
                     projected = {
                         g: codec_seconds + msgs * ALPHA + per["wire_bytes"] * 8 / (g * 1e9)
                         for g in LINKS_GBIT
                     }
-                    rec = {"collective": name, "codec": spec, "parts": parts,
-                           "bytes_per_rank": n * 4, "seconds": seconds, **per,
-                           "codec_seconds": codec_seconds, "projected_seconds": projected}
+                    rec = {
+                        "collective": name,
+                        "codec": spec,
+                        "parts": parts,
+                        "bytes_per_rank": n * 4,
+                        "seconds": seconds,
+                        **per,
+                        "codec_seconds": codec_seconds,
+                        "projected_seconds": projected,
+                    }
                     results.append(rec)
-                    rows.append([name, parts, f"{n * 4 / 2**20:.2f}", spec,
-                                 f"{seconds * 1e3:.2f}", f"{per['raw_bytes'] / 2**20:.3f}",
-                                 f"{per['wire_bytes'] / 2**20:.3f}",
-                                 f"{per['raw_bytes'] / max(per['wire_bytes'], 1):.2f}",
-                                 int(per["fallbacks"]),
-                                 *[f"{projected[g] * 1e3:.2f}" for g in LINKS_GBIT]])
+                    rows.append(
+                        [
+                            name,
+                            parts,
+                            f"{n * 4 / 2**20:.2f}",
+                            spec,
+                            f"{seconds * 1e3:.2f}",
+                            f"{per['raw_bytes'] / 2**20:.3f}",
+                            f"{per['wire_bytes'] / 2**20:.3f}",
+                            f"{per['raw_bytes'] / max(per['wire_bytes'], 1):.2f}",
+                            int(per["fallbacks"]),
+                            *[f"{projected[g] * 1e3:.2f}" for g in LINKS_GBIT],
+                        ]
+                    )
                     print(rows[-1], flush=True)
-    columns = ["collective", "P", "MiB/rank", "codec", "ms here", "raw MiB", "wire MiB",
-               "raw/wire", "fallbacks", *[f"ms @{g}Gb/s" for g in LINKS_GBIT]]
+    columns = [
+        "collective",
+        "P",
+        "MiB/rank",
+        "codec",
+        "ms here",
+        "raw MiB",
+        "wire MiB",
+        "raw/wire",
+        "fallbacks",
+        *[f"ms @{g}Gb/s" for g in LINKS_GBIT],
+    ]
     print_table("jaxhc collectives (per rank)", columns, rows)
-    write_json(args.out, {"alpha_seconds": ALPHA, "links_gbit": LINKS_GBIT,
-                          "codec_values_per_second": speeds, "results": results,
-                          "markdown": markdown_table(columns, rows)})
+    write_json(
+        args.out,
+        {
+            "alpha_seconds": ALPHA,
+            "links_gbit": LINKS_GBIT,
+            "codec_values_per_second": speeds,
+            "results": results,
+            "markdown": markdown_table(columns, rows),
+        },
+    )
 
 
 if __name__ == "__main__":

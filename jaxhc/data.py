@@ -47,7 +47,9 @@ class Batches:
 
     def val(self, index: int) -> np.ndarray:
         """int32 [batch_size, block_size + 1] from the held-out tail, the `index`-th eval batch."""
-        return self._windows(self._split, len(self.tokens), np.random.default_rng([self.seed, 1, index]))
+        return self._windows(
+            self._split, len(self.tokens), np.random.default_rng([self.seed, 1, index])
+        )
 
     def _windows(self, lo: int, hi: int, rng: np.random.Generator) -> np.ndarray:
         span = self.block_size + 1

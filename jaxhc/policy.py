@@ -13,9 +13,9 @@ YAML form (``configs/policy/zhybrid.yaml``)::
       tensor: {codec: zfp, rate: 16, act: "zfp:24"}   # per-kind override
       pipe:   "zfp:16"
 
-A codec entry is a spec string (``"zfp:8"``, ``"mpc:0.8"``, ``"none"`` = the identity codec through
-jaxhc's algorithms), a mapping ``{codec: zfp|mpc|none, rate:, budget:, dim:}``, or ``off`` / ``null``
-for plain `jax.lax` collectives. Axes that are not listed are ``off``.
+A codec entry is a spec string (``"zfp:8"``, ``"mpc:0.8"``, ``"none"`` = the identity codec
+through jaxhc's algorithms), a mapping ``{codec: zfp|mpc|none, rate:, budget:, dim:}``, or
+``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
 """
 
 from __future__ import annotations
@@ -123,7 +123,9 @@ class Policy:
             if not os.path.exists(text):
                 raise ValueError(f"policy file {text!r} does not exist")
             return cls.from_yaml(text)
-        raise ValueError(f"unknown policy {text!r}: use a preset ({', '.join(PRESETS)}) or a YAML path")
+        raise ValueError(
+            f"unknown policy {text!r}: use a preset ({', '.join(PRESETS)}) or a YAML path"
+        )
 
     def to_dict(self) -> dict:
         def spec(c):
@@ -194,7 +196,9 @@ def _axis_policy(entry: Any, where: str) -> AxisPolicy:
                 overrides.append((kind, _codec(entry.pop(kind), f"{where}.{kind}")))
         for key in list(entry):
             if key in ("params", "grads", "acts"):
-                raise ValueError(f"{where}: unknown key {key!r} (traffic kinds are {', '.join(KINDS)})")
+                raise ValueError(
+                    f"{where}: unknown key {key!r} (traffic kinds are {', '.join(KINDS)})"
+                )
     return AxisPolicy(codec=_codec(entry, where), overrides=tuple(overrides))
 
 
@@ -208,6 +212,8 @@ PRESETS: dict[str, dict] = {
     "zfp8": _all("zfp:8"),
     "zfp16": _all("zfp:16"),
     "mpc": _all(f"mpc:{MPC_BUDGET}"),
-    "mzhybrid": {"axes": {"data": "zfp:8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}},
+    "mzhybrid": {
+        "axes": {"data": "zfp:8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}
+    },
     "zhybrid": {"axes": {"data": "zfp:8", "tensor": "zfp:16", "pipe": "zfp:16"}},
 }

@@ -30,8 +30,16 @@ def test_parse_round_trips(spec, codec):
 
 @pytest.mark.parametrize(
     "spec, culprit",
-    [("zfp", "'zfp'"), ("zfp:x", "'zfp:x'"), ("zfp:2", "zfp rate 2"), ("lz4", "'lz4'"),
-     ("mpc:3", "budget"), ("mpc:dim=0", "dim"), ("none:1", "'none:1'"), (7, "7")],
+    [
+        ("zfp", "'zfp'"),
+        ("zfp:x", "'zfp:x'"),
+        ("zfp:2", "zfp rate 2"),
+        ("lz4", "'lz4'"),
+        ("mpc:3", "budget"),
+        ("mpc:dim=0", "dim"),
+        ("none:1", "'none:1'"),
+        (7, "7"),
+    ],
 )
 def test_bad_spec_is_one_line_error_naming_it(spec, culprit):
     with pytest.raises(ValueError) as err:

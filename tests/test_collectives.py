@@ -135,7 +135,8 @@ def test_zfp_psum_is_bit_identical_to_a_zfpy_emulation(parts, rate):
 
     blocks = np.asarray(x).reshape(parts, -1)
     n = blocks.shape[1]
-    m = -(-(-(-n // parts)) // 4) * 4
+    per = -(-n // parts)
+    m = -(-per // 4) * 4
     rows = np.zeros((parts, parts * m), np.float32)
     rows[:, :n] = blocks
     rows = rows.reshape(parts, parts, m)  # [rank, chunk]
@@ -226,7 +227,9 @@ def test_integer_inputs_go_raw():
     fn = jax.jit(
         jax.shard_map(
             lambda a: jaxhc.psum(a, axis, codec="zfp:8"),
-            mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x"),
+            mesh=mesh,
+            in_specs=jax.P("x"),
+            out_specs=jax.P("x"),
         )
     )
     np.testing.assert_array_equal(fn(x), run(lambda a: lax.psum(a, axis), mesh, x))
@@ -239,14 +242,32 @@ def test_policy_min_bytes_and_kinds():
         {"min_bytes": 1024, "axes": {"x": {"codec": "zfp:8", "act": "off"}}}
     )
     x = smooth_data(mesh)  # 768 bytes per shard: under min_bytes -> plain
-    small = jax.jit(jax.shard_map(lambda a: jaxhc.psum(a, axis, policy=policy, kind="grad"),
-                                  mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
+    small = jax.jit(
+        jax.shard_map(
+            lambda a: jaxhc.psum(a, axis, policy=policy, kind="grad"),
+            mesh=mesh,
+            in_specs=jax.P("x"),
+            out_specs=jax.P("x"),
+        )
+    )
     assert "jaxhc_zfp" not in small.lower(x).as_text()
     big = jnp.tile(x, (1, 2, 1))  # 1536 bytes per shard
-    grad_fn = jax.jit(jax.shard_map(lambda a: jaxhc.psum(a, axis, policy=policy, kind="grad"),
-                                    mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
-    act_fn = jax.jit(jax.shard_map(lambda a: jaxhc.psum(a, axis, policy=policy, kind="act"),
-                                   mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
+    grad_fn = jax.jit(
+        jax.shard_map(
+            lambda a: jaxhc.psum(a, axis, policy=policy, kind="grad"),
+            mesh=mesh,
+            in_specs=jax.P("x"),
+            out_specs=jax.P("x"),
+        )
+    )
+    act_fn = jax.jit(
+        jax.shard_map(
+            lambda a: jaxhc.psum(a, axis, policy=policy, kind="act"),
+            mesh=mesh,
+            in_specs=jax.P("x"),
+            out_specs=jax.P("x"),
+        )
+    )
     assert "jaxhc_zfp_encode" in grad_fn.lower(big).as_text()
     assert "jaxhc_zfp" not in act_fn.lower(big).as_text()
 
@@ -268,8 +289,14 @@ def test_hlo_of_compressed_psum_moves_compressed_bytes(rate):
     mesh, axis = mesh_of("1d8")
     n = 4096
     x = jnp.zeros((parts, n), jnp.float32)
-    fn = jax.jit(jax.shard_map(lambda a: jaxhc.psum(a, axis, codec=f"zfp:{rate}"),
-                               mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
+    fn = jax.jit(
+        jax.shard_map(
+            lambda a: jaxhc.psum(a, axis, codec=f"zfp:{rate}"),
+            mesh=mesh,
+            in_specs=jax.P("x"),
+            out_specs=jax.P("x"),
+        )
+    )
     hlo = fn.lower(x).compile().as_text()
     assert "jaxhc_zfp_encode" in hlo and "jaxhc_zfp_decode" in hlo
     a2a = _collective_bytes(hlo, "all-to-all")
@@ -286,8 +313,9 @@ def test_accounting_records_raw_and_wire_bytes():
     mesh, axis = mesh_of("1d4")
     x = smooth_data(mesh)
     with jaxhc.accounting.Ledger() as ledger:
-        jax.block_until_ready(run(lambda a: jaxhc.psum(a, axis, codec="zfp:8", kind="grad"),
-                                  mesh, x))
+        jax.block_until_ready(
+            run(lambda a: jaxhc.psum(a, axis, codec="zfp:8", kind="grad"), mesh, x)
+        )
         jax.block_until_ready(run(lambda a: jaxhc.psum(a, axis), mesh, x))
     per = ledger.per_axis(devices=4, by_kind=True)
     raw = 2 * 3 / 4 * 16 * 12 * 4
@@ -305,13 +333,19 @@ def test_bad_arguments_are_one_line_errors():
     with pytest.raises(ValueError, match="bad codec spec 'zfp'"):
         run(lambda a: jaxhc.psum(a, axis, codec="zfp"), mesh, x)
     with pytest.raises(ValueError, match="dimension 1 of shape .* multiple of 4"):
-        run(lambda a: jaxhc.psum_scatter(a[:, :3], axis, scatter_dimension=1, tiled=True,
-                                         codec="none"), mesh, x)
+        run(
+            lambda a: jaxhc.psum_scatter(
+                a[:, :3], axis, scatter_dimension=1, tiled=True, codec="none"
+            ),
+            mesh,
+            x,
+        )
     with pytest.raises(ValueError, match="repeats a source"):
         run(lambda a: jaxhc.ppermute(a, axis, [(0, 1), (0, 2)], codec="none"), mesh, x)
     with pytest.raises(ValueError, match="axis_index_groups"):
-        run(lambda a: jaxhc.psum(a, axis, axis_index_groups=[[0, 1], [2, 3]], codec="none"),
-            mesh, x)
+        run(
+            lambda a: jaxhc.psum(a, axis, axis_index_groups=[[0, 1], [2, 3]], codec="none"), mesh, x
+        )
 
 
 def test_codec_objects_and_specs_are_interchangeable():
@@ -332,8 +366,10 @@ def test_odd_sizes_equal_lax(shape, codec):
     for ours, ref in [
         (lambda a: jaxhc.psum(a, axis, codec=codec), lambda a: lax.psum(a, axis)),
         (lambda a: jaxhc.all_gather(a, axis, codec=codec), lambda a: lax.all_gather(a, axis)),
-        (lambda a: jaxhc.ppermute(a, axis, [(0, 3), (3, 0)], codec=codec),
-         lambda a: lax.ppermute(a, axis, [(0, 3), (3, 0)])),
+        (
+            lambda a: jaxhc.ppermute(a, axis, [(0, 3), (3, 0)], codec=codec),
+            lambda a: lax.ppermute(a, axis, [(0, 3), (3, 0)]),
+        ),
     ]:
         np.testing.assert_array_equal(run(ours, mesh, x), run(ref, mesh, x))
 
@@ -348,8 +384,12 @@ def test_accounting_counts_every_execution_in_scan_under_grad(codec):
         return jaxhc.ppermute(h, axis, swap, codec=codec, kind="act") * 1.5, None
 
     def loss(a):
-        fn = jax.shard_map(lambda v: lax.scan(body, v, None, length=3)[0], mesh=mesh,
-                           in_specs=jax.P("x"), out_specs=jax.P("x"))
+        fn = jax.shard_map(
+            lambda v: lax.scan(body, v, None, length=3)[0],
+            mesh=mesh,
+            in_specs=jax.P("x"),
+            out_specs=jax.P("x"),
+        )
         return fn(a).sum()
 
     x = smooth_data(mesh)

@@ -13,9 +13,17 @@ from jaxhc import cli
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 # A shrunken model: as many layers as pipeline stages, tiny widths, a few steps.
-TINY = ["model.n_layer=2", "model.n_embd=32", "model.n_head=4", "model.block_size=16",
-        "train.batch_size=8", "train.eval_every=2", "train.eval_batches=1", "train.ckpt_every=2",
-        "mesh.microbatches=2"]
+TINY = [
+    "model.n_layer=2",
+    "model.n_embd=32",
+    "model.n_head=4",
+    "model.block_size=16",
+    "train.batch_size=8",
+    "train.eval_every=2",
+    "train.eval_batches=1",
+    "train.ckpt_every=2",
+    "mesh.microbatches=2",
+]
 
 
 def losses(run_dir):
@@ -31,20 +39,39 @@ def experiments():
 @pytest.mark.parametrize("path", experiments(), ids=os.path.basename)
 def test_every_shipped_experiment_runs_one_step_shrunk(path, tmp_path):
     out = tmp_path / "run"
-    assert cli.main(["train", "--config", path, "--steps", "1", "--out", str(out),
-                     "--no-progress", *TINY]) == 0
+    assert (
+        cli.main(
+            ["train", "--config", path, "--steps", "1", "--out", str(out), "--no-progress", *TINY]
+        )
+        == 0
+    )
     record = json.loads(open(out / "metrics.jsonl").read())
     assert record["step"] == 0 and record["loss"] > 0 and record["val_loss"] > 0
     assert set(record["wire_bytes"]) >= {"data", "tensor", "pipe"}
     assert json.load(open(out / "config.json"))["model"]["n_layer"] == 2
 
 
-@pytest.mark.parametrize("policy", sorted(glob.glob(os.path.join(CONFIGS, "policy", "*.yaml"))),
-                         ids=os.path.basename)
+@pytest.mark.parametrize(
+    "policy", sorted(glob.glob(os.path.join(CONFIGS, "policy", "*.yaml"))), ids=os.path.basename
+)
 def test_every_shipped_policy_trains_one_step(policy, tmp_path):
     out = tmp_path / "run"
-    assert cli.main(["train", "--compression", policy, "--steps", "1", "--out", str(out),
-                     "--no-progress", *TINY]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--compression",
+                policy,
+                "--steps",
+                "1",
+                "--out",
+                str(out),
+                "--no-progress",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     assert losses(out)[0] > 0
 
 
@@ -61,8 +88,22 @@ def test_report_writes_table_and_plots(tmp_path):
     runs = []
     for policy in ("none", "zfp8"):
         runs.append(str(tmp_path / policy))
-        assert cli.main(["train", "--compression", policy, "--steps", "2", "--out", runs[-1],
-                         "--no-progress", *TINY]) == 0
+        assert (
+            cli.main(
+                [
+                    "train",
+                    "--compression",
+                    policy,
+                    "--steps",
+                    "2",
+                    "--out",
+                    runs[-1],
+                    "--no-progress",
+                    *TINY,
+                ]
+            )
+            == 0
+        )
     assert cli.main(["report", *runs, "--out", str(tmp_path / "report")]) == 0
     text = open(tmp_path / "report" / "report.md").read()
     assert "| none | none |" in text and "| zfp8 | zfp8 |" in text

@@ -17,10 +17,10 @@ class Encoded(NamedTuple):
     """What `Codec.encode` returns (a pytree, so it passes through jit, vmap and collectives).
 
     payload: uint8[..., payload_bytes] -- the bytes a transport moves; its size is static.
-    ok:      bool[...] -- the payload decodes within the codec's promise: for a lossy codec the input
-             was finite, for a budgeted lossless codec the data fit the budget. Collectives fall back
-             to raw transfer for the whole call when any participant is not ok.
-    nbytes:  int32[...] -- bytes of the payload that carry data (== payload_bytes for fixed-rate codecs).
+    ok:      bool[...] -- the payload decodes within the codec's promise: for a lossy codec the
+             input was finite, for a budgeted lossless codec the data fit the budget. Collectives
+             fall back to raw transfer for the whole call when any participant is not ok.
+    nbytes:  int32[...] -- bytes of the payload that carry data (all of it for fixed-rate codecs).
     """
 
     payload: jax.Array
@@ -29,7 +29,7 @@ class Encoded(NamedTuple):
 
 
 class Codec(abc.ABC):
-    """A compressor for one flattened array. Subclasses are frozen dataclasses (hashable, static)."""
+    """A compressor for one flattened array (subclasses are frozen, hashable dataclasses)."""
 
     #: True when decode(encode(x)) == x bit for bit.
     lossless: bool
@@ -70,4 +70,3 @@ class Codec(abc.ABC):
 
 def num_elements(shape) -> int:
     return math.prod(int(d) for d in shape)
-

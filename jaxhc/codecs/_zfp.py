@@ -21,12 +21,12 @@ MIN_RATE = 3
 
 @dataclasses.dataclass(frozen=True)
 class Zfp(Codec):
-    """Fixed-rate ZFP: every block of 4 consecutive values is coded in exactly ``round(4 * rate)`` bits.
+    """Fixed-rate ZFP: each block of 4 consecutive values is coded in exactly round(4 * rate) bits.
 
     The stream of a 1-D float32/float64 array is byte-identical to
-    ``zfpy.compress_numpy(x, rate=rate, write_header=False)``. bfloat16/float16 are widened to float32
-    on the way in and narrowed on the way out. Rates: 3..32 bits/value for float32 (and the narrow
-    types), 3..64 for float64; zfp rounds a fractional rate to a multiple of 1/4.
+    ``zfpy.compress_numpy(x, rate=rate, write_header=False)``. bfloat16/float16 are widened to
+    float32 on the way in and narrowed on the way out. Rates: 3..32 bits/value for float32 (and
+    the narrow types), 3..64 for float64; zfp rounds a fractional rate to a multiple of 1/4.
 
     >>> import jax.numpy as jnp
     >>> from jaxhc.codecs import Zfp
@@ -45,14 +45,16 @@ class Zfp(Codec):
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
             raise ValueError(f"zfp rate {rate!r} is not a finite number of bits per value")
         if not MIN_RATE <= rate <= max(_MAX_RATE.values()):
-            raise ValueError(f"zfp rate {rate!r} is out of range: use 3..32 (float32) or 3..64 (float64)")
+            raise ValueError(
+                f"zfp rate {rate!r} is out of range: use 3..32 (float32) or 3..64 (float64)"
+            )
 
     @property
     def spec(self) -> str:
         return f"zfp:{self.rate:g}"
 
     def coded_dtype(self, dtype) -> jnp.dtype:
-        """The float type the stream codes: float64 stays, every other float is widened to float32."""
+        """The float type the stream codes: float64 stays, any other float is widened to float32."""
         dtype = self.check_dtype(dtype)
         coded = jnp.dtype(jnp.float64) if dtype == jnp.float64 else jnp.dtype(jnp.float32)
         if self.rate > _MAX_RATE[coded]:

@@ -1,4 +1,4 @@
-"""Shared machinery of the compressed collectives: codec choice, payload rows, agreement, accounting."""
+"""Shared machinery of the compressed collectives: codec choice, rows, agreement, accounting."""
 
 from __future__ import annotations
 
@@ -116,4 +116,3 @@ def nbytes(x) -> int:
 def agreement_bytes(codec: Codec, parts: int) -> int:
     """Wire bytes of the all-ranks flag agreement (an int32 per rank) when the codec needs it."""
     return 4 * (parts - 1) if may_fail(codec) else 0
-

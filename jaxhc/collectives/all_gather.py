@@ -40,9 +40,7 @@ def all_gather(
                 x, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled
             )
         raise ValueError("jaxhc.all_gather: axis_index_groups is not supported with compression")
-    return jax.tree.map(
-        lambda a: _one(a, axis_name, axis, tiled, to, codec, policy, kind), x
-    )
+    return jax.tree.map(lambda a: _one(a, axis_name, axis, tiled, to, codec, policy, kind), x)
 
 
 def _one(x, axis_name, axis, tiled, to, codec, policy, kind):

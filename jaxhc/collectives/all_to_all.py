@@ -34,8 +34,12 @@ def all_to_all(
     if axis_index_groups is not None:
         if codec is None and policy is None:
             return lax.all_to_all(
-                x, axis_name, split_axis, concat_axis,
-                axis_index_groups=axis_index_groups, tiled=tiled,
+                x,
+                axis_name,
+                split_axis,
+                concat_axis,
+                axis_index_groups=axis_index_groups,
+                tiled=tiled,
             )
         raise ValueError("jaxhc.all_to_all: axis_index_groups is not supported with compression")
     return jax.tree.map(

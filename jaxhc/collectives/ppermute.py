@@ -20,7 +20,8 @@ def ppermute(x, axis_name, perm, *, codec: CodecLike = None, policy=None, kind=N
     Ranks that receive nothing get zeros, as with `jax.lax.ppermute`. The gradient is the compressed
     ppermute with the inverse permutation.
 
-    >>> nxt = jaxhc.ppermute(h, "pipe", [(i, i + 1) for i in range(3)], codec="zfp:16")  # doctest: +SKIP
+    >>> perm = [(i, i + 1) for i in range(3)]
+    >>> nxt = jaxhc.ppermute(h, "pipe", perm, codec="zfp:16")  # doctest: +SKIP
     """
     perm = tuple((int(s), int(d)) for s, d in perm)
     return jax.tree.map(lambda a: _one(a, axis_name, perm, codec, policy, kind), x)
@@ -95,6 +96,8 @@ def _compressed(x, axis_name, perm, codec: Codec | None, kind):
         )
 
     def plain():
-        return c.record(axis_name, kind, raw, raw + agree, True, anchor=t.ppermute(x, axis_name, perm))
+        return c.record(
+            axis_name, kind, raw, raw + agree, True, anchor=t.ppermute(x, axis_name, perm)
+        )
 
     return c.guarded(ok, axis_name, codec, permute, plain)

@@ -15,13 +15,14 @@ from jaxhc.transport import current as transport
 def psum(x, axis_name, *, axis_index_groups=None, codec: CodecLike = None, policy=None, kind=None):
     """`jax.lax.psum` whose traffic is compressed by `codec` (or by `policy` for `kind` traffic).
 
-    Each rank splits its array into P chunks, encodes them, and sends chunk j to rank j (all_to_all);
-    rank j decodes the P pieces of its chunk, sums them in float32 in rank order, encodes the sum,
-    and all ranks all-gather and decode the reduced chunks. Every rank, the owner included, uses the
-    decoded values, so replicas stay bit-identical. Per rank this moves ~2(P-1)/P x raw / ratio
-    bytes, like a ring allreduce. If any rank's input cannot be encoded within the codec's promise
-    (NaN/Inf under ZFP, over budget under MPC), every rank falls back to the plain psum for that
-    call. Gradients flow through the same compressed algorithm (`custom_vjp`).
+    Each rank splits its array into P chunks, encodes them, and sends chunk j to rank j
+    (all_to_all); rank j decodes the P pieces of its chunk, sums them in float32 in rank order,
+    encodes the sum, and all ranks all-gather and decode the reduced chunks. Every rank, the owner
+    included, uses the decoded values, so replicas stay bit-identical. Per rank this moves
+    ~2(P-1)/P x raw / ratio bytes, like a ring allreduce. If any rank's input cannot be encoded
+    within the codec's promise (NaN/Inf under ZFP, over budget under MPC), every rank falls back
+    to the plain psum for that call. Gradients flow through the same compressed algorithm
+    (`custom_vjp`).
 
     >>> y = jaxhc.psum(grads, "data", codec="zfp:8")                 # doctest: +SKIP
     >>> y = jaxhc.psum(grads, "data", policy="zhybrid", kind="grad")  # doctest: +SKIP
@@ -84,8 +85,9 @@ def _run(x, axis_name, codec: Codec | None, kind):
 
         def gather():
             got = t.all_gather_rows(payload, axis_name)
-            c.record(axis_name, kind, raw, sent + (parts - 1) * payload.shape[0] + agree,
-                     anchor=got)
+            c.record(
+                axis_name, kind, raw, sent + (parts - 1) * payload.shape[0] + agree, anchor=got
+            )
             return c.decode_rows(codec, got, m, dtype)
 
         def gather_raw():

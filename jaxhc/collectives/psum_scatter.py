@@ -30,13 +30,16 @@ def psum_scatter(
     rank j decodes the P pieces (its own included) and sums them in float32 in rank order. The
     gradient is a compressed `all_gather`.
 
-    >>> shard = jaxhc.psum_scatter(grads, "data", tiled=True, policy="zhybrid", kind="grad")  # doctest: +SKIP
+    >>> shard = jaxhc.psum_scatter(g, "data", tiled=True, codec="zfp:8")  # doctest: +SKIP
     """
     if axis_index_groups is not None:
         if codec is None and policy is None:
             return lax.psum_scatter(
-                x, axis_name, scatter_dimension=scatter_dimension,
-                axis_index_groups=axis_index_groups, tiled=tiled,
+                x,
+                axis_name,
+                scatter_dimension=scatter_dimension,
+                axis_index_groups=axis_index_groups,
+                tiled=tiled,
             )
         raise ValueError("jaxhc.psum_scatter: axis_index_groups is not supported with compression")
     return jax.tree.map(
@@ -68,9 +71,7 @@ def _check_dim(x, dim, tiled, parts):
     size = x.shape[dim]
     if (tiled and size % parts) or (not tiled and size != parts):
         need = f"a multiple of {parts}" if tiled else f"equal to the axis size {parts}"
-        raise ValueError(
-            f"jaxhc.psum_scatter: dimension {dim} of shape {x.shape} must be {need}"
-        )
+        raise ValueError(f"jaxhc.psum_scatter: dimension {dim} of shape {x.shape} must be {need}")
     return dim
 
 

@@ -11,7 +11,6 @@ from jax import lax
 from jaxhc._compat import axis_size, axis_tuple, check_vma_enabled
 from jaxhc.transport._base import Transport
 
-
 _ALL_GATHER_HAS_TO = "to" in inspect.signature(lax.all_gather).parameters
 
 
