@@ -23,3 +23,12 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpEncodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpDecodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcEncodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcDecodeCpu);
+
+// Host entry points of the ZFP kernels on plain buffers (one row; `payload` 8-byte aligned and
+// zfp_payload_bytes(n, maxbits) long), for the Python module's numpy functions.
+namespace jaxhc {
+namespace zfp {
+bool encode_host(const void* x, bool f64, uint64_t n, int maxbits, uint64_t* payload);
+void decode_host(const uint64_t* payload, bool f64, uint64_t n, int maxbits, void* x);
+}  // namespace zfp
+}  // namespace jaxhc

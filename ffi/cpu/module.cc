@@ -1,5 +1,11 @@
 // Python module _jaxhc_cpu: the CPU FFI handlers and the payload-size formulas of each codec's format.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "core/mpc.h"
 #include "core/zfp.h"
@@ -11,6 +17,50 @@ namespace {
 template <typename T>
 nb::capsule Capsule(T* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+using Values = nb::ndarray<nb::numpy, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+void check_maxbits(bool f64, int maxbits) {
+  bool ok = f64 ? jaxhc::zfp::valid_maxbits<double>(maxbits)
+                : jaxhc::zfp::valid_maxbits<float>(maxbits);
+  if (!ok) throw std::invalid_argument("zfp maxbits " + std::to_string(maxbits) + " is out of range");
+}
+
+bool is_f64(nb::dlpack::dtype t) {
+  if (t == nb::dtype<double>()) return true;
+  if (t == nb::dtype<float>()) return false;
+  throw std::invalid_argument("zfp takes float32 or float64 values");
+}
+
+// (stream bytes, finite) of a 1-D float array: the same stream as the jaxhc_zfp_encode handler.
+nb::tuple zfp_encode(Values x, int maxbits) {
+  bool f64 = is_f64(x.dtype());
+  check_maxbits(f64, maxbits);
+  uint64_t n = x.shape(0);
+  if (n == 0) throw std::invalid_argument("zfp cannot encode an empty array");
+  std::vector<uint64_t> words(jaxhc::zfp::payload_bytes(n, maxbits) / 8);
+  bool finite = jaxhc::zfp::encode_host(x.data(), f64, n, maxbits, words.data());
+  return nb::make_tuple(nb::bytes(words.data(), words.size() * 8), finite);
+}
+
+// The n values of a stream written by zfp_encode (float64 when f64, else float32).
+nb::object zfp_decode(nb::bytes stream, uint64_t n, bool f64, int maxbits) {
+  check_maxbits(f64, maxbits);
+  size_t need = jaxhc::zfp::payload_bytes(n, maxbits);
+  if (n == 0 || stream.size() != need)
+    throw std::invalid_argument("zfp stream of " + std::to_string(stream.size()) +
+                                " bytes does not hold " + std::to_string(n) + " values (need " +
+                                std::to_string(need) + ")");
+  std::vector<uint64_t> words(need / 8);
+  std::memcpy(words.data(), stream.c_str(), need);
+  size_t size = n * (f64 ? 8 : 4);
+  auto* out = new uint8_t[size];
+  jaxhc::zfp::decode_host(words.data(), f64, n, maxbits, out);
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+  size_t shape[1] = {n};
+  if (f64) return nb::cast(nb::ndarray<nb::numpy, double, nb::ndim<1>>(out, 1, shape, owner));
+  return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, 1, shape, owner));
 }
 }  // namespace
 
@@ -26,6 +76,10 @@ NB_MODULE(_jaxhc_cpu, m) {
   });
   m.def("zfp_payload_bytes", &jaxhc::zfp::payload_bytes, nb::arg("n"), nb::arg("maxbits"),
         "Bytes of a fixed-rate 1-D ZFP stream of n values (64-bit words, as zfpy writes it).");
+  m.def("zfp_encode", &zfp_encode, nb::arg("x"), nb::arg("maxbits"),
+        "Encode a 1-D float32/float64 numpy array on the host: (stream bytes, all finite).");
+  m.def("zfp_decode", &zfp_decode, nb::arg("stream"), nb::arg("n"), nb::arg("f64"),
+        nb::arg("maxbits"), "Decode n values of a host stream written by zfp_encode.");
   m.def("mpc_header_bytes", &jaxhc::mpc::header_bytes, nb::arg("n"), nb::arg("word_bytes"),
         "Bytes of the MPC payload header (and chunk table) for n words of word_bytes each.");
   m.def("mpc_max_payload_bytes", &jaxhc::mpc::max_payload_bytes, nb::arg("n"),

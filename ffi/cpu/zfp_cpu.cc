@@ -291,3 +291,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcZfpDecodeCpu, ZfpDecode,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("maxbits"));
+
+namespace jaxhc {
+namespace zfp {
+
+// Host entry points for the Python module (same kernels and threads as the handlers).
+bool encode_host(const void* x, bool f64, uint64_t n, int maxbits, uint64_t* payload) {
+  Rows r{1, n, payload_bytes(n, static_cast<uint32_t>(maxbits))};
+  bool finite = true;
+  if (f64)
+    encode_rows(static_cast<const double*>(x), payload, &finite, r, maxbits);
+  else
+    encode_rows(static_cast<const float*>(x), payload, &finite, r, maxbits);
+  return finite;
+}
+
+void decode_host(const uint64_t* payload, bool f64, uint64_t n, int maxbits, void* x) {
+  Rows r{1, n, payload_bytes(n, static_cast<uint32_t>(maxbits))};
+  if (f64)
+    decode_rows(payload, static_cast<double*>(x), r, maxbits);
+  else
+    decode_rows(payload, static_cast<float*>(x), r, maxbits);
+}
+
+}  // namespace zfp
+}  // namespace jaxhc

@@ -7,6 +7,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxhc import _native
 from jaxhc._compat import like
@@ -96,3 +97,22 @@ class Zfp(Codec):
             vmap_method="broadcast_all",
         )(payload, maxbits=self.maxbits(dtype))
         return like(flat, payload).astype(dtype).reshape(shape)
+
+    def encode_numpy(self, x) -> tuple[bytes, bool]:
+        """Host (numpy) encode of a 1-D float32/float64 array: (stream, all finite).
+
+        The same kernels and stream as `encode`, without jax: zfpy's
+        ``compress_numpy(x, rate, write_header=False)``, only faster.
+        """
+        x = np.ascontiguousarray(x).reshape(-1)
+        dtype = self.coded_dtype(x.dtype)
+        if x.dtype != dtype:
+            raise ValueError(f"encode_numpy takes float32 or float64 values, got {x.dtype}")
+        return _native.cpu.zfp_encode(x, self.maxbits(dtype))
+
+    def decode_numpy(self, stream: bytes, n: int, dtype) -> np.ndarray:
+        """Host (numpy) decode of `n` values of `dtype` (float32 or float64) from `stream`."""
+        dtype = self.coded_dtype(dtype)
+        if dtype != jnp.dtype(jnp.float64) and dtype != jnp.dtype(jnp.float32):
+            raise ValueError(f"decode_numpy gives float32 or float64 values, not {dtype}")
+        return _native.cpu.zfp_decode(stream, int(n), dtype == jnp.float64, self.maxbits(dtype))
