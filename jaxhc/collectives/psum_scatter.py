@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
-import jax.numpy as jnp
 from jax import lax
 
-from jaxhc.codecs import Codec, CodecLike
+from jaxhc.codecs import CodecLike
 from jaxhc.collectives import _common as c
+from jaxhc.collectives._gather_scatter import scatter, scatter_plain
 from jaxhc.transport import current as transport
 
 
@@ -53,15 +51,8 @@ def _one(x, axis_name, dim, tiled, codec, policy, kind):
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, vma = c.prepare(x, axis_name)
     if chosen is None and not c.differentiable(x):
-        return _plain(x, axis_name, dim, tiled, kind)
-    return _scatter(x, axis_name, dim, tiled, chosen, kind, vma)
-
-
-def _plain(x, axis_name, dim, tiled, kind):
-    parts = transport().axis_size(axis_name)
-    raw = (parts - 1) / parts * c.nbytes(x)
-    out = transport().psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
-    return c.record(axis_name, kind, raw, raw, anchor=out)
+        return scatter_plain(x, axis_name, dim, tiled, kind)
+    return scatter(x, axis_name, dim, tiled, chosen, kind, vma)
 
 
 def _check_dim(x, dim, tiled, parts):
@@ -73,49 +64,3 @@ def _check_dim(x, dim, tiled, parts):
         need = f"a multiple of {parts}" if tiled else f"equal to the axis size {parts}"
         raise ValueError(f"jaxhc.psum_scatter: dimension {dim} of shape {x.shape} must be {need}")
     return dim
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
-def _scatter(x, axis_name, dim, tiled, codec: Codec | None, kind, vma):
-    return _compressed(x, axis_name, dim, tiled, codec, kind)
-
-
-def _fwd(x, axis_name, dim, tiled, codec, kind, vma):
-    return _compressed(x, axis_name, dim, tiled, codec, kind), None
-
-
-def _bwd(axis_name, dim, tiled, codec, kind, vma, _, ct):
-    from jaxhc.collectives.all_gather import _gather
-
-    return (_gather(ct, axis_name, dim, tiled, "varying", codec, kind, vma),)
-
-
-_scatter.defvjp(_fwd, _bwd)
-
-
-def _compressed(x, axis_name, dim, tiled, codec: Codec | None, kind):
-    if codec is None:
-        return _plain(x, axis_name, dim, tiled, kind)
-    t = transport()
-    parts = t.axis_size(axis_name)
-    raw = (parts - 1) / parts * c.nbytes(x)
-    agree = c.agreement_bytes(codec, parts)
-    moved = jnp.moveaxis(x, dim, 0)
-    chunk_shape = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
-    size = moved.size // parts
-    rows = moved.reshape(parts, size)
-    rows, m = c.pad_rows(rows)
-    payloads, ok = c.encode_rows(codec, rows)
-
-    def scatter():
-        got = t.all_to_all_rows(payloads, axis_name)
-        c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree, anchor=got)
-        pieces = c.decode_rows(codec, got, m, x.dtype)
-        reduced = c.sum_rows(pieces, x.dtype).astype(x.dtype)[:size].reshape(chunk_shape)
-        return jnp.moveaxis(reduced, 0, dim) if tiled else reduced
-
-    def plain():
-        out = t.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
-        return c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
-
-    return c.guarded(ok, axis_name, codec, scatter, plain)

@@ -7,10 +7,10 @@ mpi4jax with one process per device (see `jaxhc.launch`).
 """
 
 from jaxhc.transport._base import Transport as Transport
-from jaxhc.transport._base import axis_index as axis_index
-from jaxhc.transport._base import axis_size as axis_size
-from jaxhc.transport._base import current as current
-from jaxhc.transport._base import use as use
+from jaxhc.transport._current import axis_index as axis_index
+from jaxhc.transport._current import axis_size as axis_size
+from jaxhc.transport._current import current as current
+from jaxhc.transport._current import use as use
 from jaxhc.transport.mpi import MpiTransport as MpiTransport
 from jaxhc.transport.mpi import ProcessGrid as ProcessGrid
 from jaxhc.transport.xla import XlaTransport as XlaTransport

@@ -1,0 +1,134 @@
+"""The conjugate pair all_gather / psum_scatter: each one's gradient is the other.
+
+`gather` encodes the local block, gathers the payloads and decodes them all (its own included);
+`scatter` encodes the P slices, exchanges them (all_to_all) and sums the decoded pieces in float32
+in rank order. Both are `custom_vjp`s whose backward pass is the other, compressed by the same
+codec (codec None: the plain collective, still recorded by the ledger in both directions).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxhc._compat import axis_tuple, make_varying
+from jaxhc.codecs import Codec
+from jaxhc.collectives import _common as c
+from jaxhc.transport import current as transport
+
+
+def _gather_raw(x, axis_name, axis, tiled, to, vma):
+    kw = {"to": to} if vma and to != "varying" else {}
+    return transport().all_gather(x, axis_name, axis=axis, tiled=tiled, **kw)
+
+
+def gather_plain(x, axis_name, axis, tiled, to, kind, vma):
+    raw = (transport().axis_size(axis_name) - 1) * c.nbytes(x)
+    return c.record(
+        axis_name, kind, raw, raw, anchor=_gather_raw(x, axis_name, axis, tiled, to, vma)
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6, 7))
+def gather(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
+    return _gather_run(x, axis_name, axis, tiled, to, codec, kind, vma)
+
+
+def _gather_fwd(x, axis_name, axis, tiled, to, codec, kind, vma):
+    return _gather_run(x, axis_name, axis, tiled, to, codec, kind, vma), None
+
+
+def _gather_bwd(axis_name, axis, tiled, to, codec, kind, vma, _, ct):
+    if vma and to == "invarying":  # replicated output: each rank's cotangent is its own slice.
+        return (make_varying(_own_slice(ct, axis_name, axis, tiled), axis_tuple(axis_name)),)
+    return (scatter(ct, axis_name, axis, tiled, codec, kind, vma),)
+
+
+gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+def _own_slice(ct, axis_name, axis, tiled):
+    parts = transport().axis_size(axis_name)
+    idx = transport().axis_index(axis_name)
+    size = ct.shape[axis] // parts if tiled else 1
+    piece = lax.dynamic_slice_in_dim(ct, idx * size, size, axis)
+    return piece if tiled else jnp.squeeze(piece, axis)
+
+
+def _gather_run(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
+    if codec is None:
+        return gather_plain(x, axis_name, axis, tiled, to, kind, vma)
+    t = transport()
+    parts = t.axis_size(axis_name)
+    raw = (parts - 1) * c.nbytes(x)
+    payload, ok = c.encode_one(codec, x)
+    agree = c.agreement_bytes(codec, parts)
+
+    def compressed():
+        got = t.all_gather_rows(payload, axis_name)
+        c.record(axis_name, kind, raw, (parts - 1) * payload.shape[0] + agree, anchor=got)
+        rows = c.decode_rows(codec, got, x.size, x.dtype)
+        out = jnp.moveaxis(rows.reshape((parts,) + x.shape), 0, axis)
+        if tiled:
+            out = out.reshape(x.shape[:axis] + (parts * x.shape[axis],) + x.shape[axis + 1 :])
+        return make_varying(out, axis_tuple(axis_name)) if to == "varying" else out
+
+    def plain():
+        out = _gather_raw(x, axis_name, axis, tiled, to, vma)
+        return c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
+
+    return c.guarded(ok, axis_name, codec, compressed, plain)
+
+
+def scatter_plain(x, axis_name, dim, tiled, kind):
+    parts = transport().axis_size(axis_name)
+    raw = (parts - 1) / parts * c.nbytes(x)
+    out = transport().psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
+    return c.record(axis_name, kind, raw, raw, anchor=out)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
+def scatter(x, axis_name, dim, tiled, codec: Codec | None, kind, vma):
+    return _scatter_run(x, axis_name, dim, tiled, codec, kind)
+
+
+def _scatter_fwd(x, axis_name, dim, tiled, codec, kind, vma):
+    return _scatter_run(x, axis_name, dim, tiled, codec, kind), None
+
+
+def _scatter_bwd(axis_name, dim, tiled, codec, kind, vma, _, ct):
+    return (gather(ct, axis_name, dim, tiled, "varying", codec, kind, vma),)
+
+
+scatter.defvjp(_scatter_fwd, _scatter_bwd)
+
+
+def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
+    if codec is None:
+        return scatter_plain(x, axis_name, dim, tiled, kind)
+    t = transport()
+    parts = t.axis_size(axis_name)
+    raw = (parts - 1) / parts * c.nbytes(x)
+    agree = c.agreement_bytes(codec, parts)
+    moved = jnp.moveaxis(x, dim, 0)
+    chunk_shape = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
+    size = moved.size // parts
+    rows = moved.reshape(parts, size)
+    rows, m = c.pad_rows(rows)
+    payloads, ok = c.encode_rows(codec, rows)
+
+    def compressed():
+        got = t.all_to_all_rows(payloads, axis_name)
+        c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree, anchor=got)
+        pieces = c.decode_rows(codec, got, m, x.dtype)
+        reduced = c.sum_rows(pieces, x.dtype).astype(x.dtype)[:size].reshape(chunk_shape)
+        return jnp.moveaxis(reduced, 0, dim) if tiled else reduced
+
+    def plain():
+        out = t.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
+        return c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
+
+    return c.guarded(ok, axis_name, codec, compressed, plain)
