@@ -42,12 +42,20 @@ class Checkpoints:
         return self._manager.latest_step()
 
     def restore(self, like, step: int | None = None):
-        """Restore into the shapes, dtypes and shardings of `like` (a state or abstract state)."""
+        """Restore into the shapes, dtypes and shardings of `like` (a state or abstract state).
+
+        Leaves of `like` without a sharding (host numpy arrays, as under the MPI transport) are
+        restored onto this process's default device, with the same shape checks.
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise ValueError(f"no checkpoint to resume from in {self.directory}")
+        local = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like
+            lambda a: jax.ShapeDtypeStruct(
+                a.shape, a.dtype, sharding=getattr(a, "sharding", None) or local
+            ),
+            like,
         )
         try:
             return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))

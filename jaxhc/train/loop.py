@@ -1,7 +1,13 @@
-"""The training loop: batches in, sharded steps, metrics.jsonl, checkpoints, a progress bar."""
+"""The training loop: batches in, sharded steps, metrics.jsonl, checkpoints, a progress bar.
+
+`run_loop` is the one loop body; a `Runner` holds what differs per transport (`XlaRunner` here,
+`jaxhc.train.mpi.MpiRunner` for one process per device under mpirun).
+"""
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import json
 import math
 import os
@@ -12,7 +18,15 @@ import numpy as np
 
 import jaxhc
 from jaxhc.data import VOCAB_SIZE, Batches, corpus_bytes
-from jaxhc.model import init_state, make_eval_loss, make_mesh, make_train_step, validate
+from jaxhc.model import (
+    TrainState,
+    init_state,
+    make_eval_loss,
+    make_mesh,
+    make_train_step,
+    validate,
+)
+from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Checkpoints
 from jaxhc.train.config import ExperimentConfig
@@ -23,57 +37,155 @@ def flops_per_token(cfg, n_params: int) -> float:
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
-def train(cfg: ExperimentConfig, out_dir: str, *, resume: bool = False, progress: bool = True) -> dict:
-    """Train `cfg`, writing `metrics.jsonl`, `config.json` and checkpoints into `out_dir`.
+def train(
+    cfg: ExperimentConfig, out_dir: str, *, resume: bool = False, progress: bool = True
+) -> dict:
+    """Train `cfg` on this process's devices (the XLA transport), writing `metrics.jsonl`,
+    `config.json` and checkpoints into `out_dir`.
 
     With ``resume=True`` the run continues from the latest checkpoint in `out_dir`; batches depend
     only on (seed, step), so the losses after resuming equal those of an uninterrupted run.
-    Returns a summary of the last step.
+    Returns a summary of the last step. `jaxhc.train.mpi.train_mpi` is the same loop with one
+    process per device.
     """
     if cfg.transport != "xla":
         raise ValueError(f"transport={cfg.transport!r}: run it with `jaxhc train` under mpirun")
     devices = jax.devices()
-    validate(cfg.model, cfg.mesh, batch_size=cfg.train.batch_size, n_devices=len(devices))
+    check_config(cfg, len(devices))
+    return run_loop(cfg, out_dir, XlaRunner(cfg, devices), resume=resume, progress=progress)
+
+
+def check_config(cfg: ExperimentConfig, n_devices: int) -> None:
+    """The checks every transport makes before anything runs (one-line errors naming the key)."""
+    validate(cfg.model, cfg.mesh, batch_size=cfg.train.batch_size, n_devices=n_devices)
     if cfg.model.vocab_size < VOCAB_SIZE:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} must be >= {VOCAB_SIZE} (bytes)")
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    if not resume and os.path.exists(metrics_path) and os.path.getsize(metrics_path):
-        raise ValueError(f"--out {out_dir} already holds a run: pass --resume or choose another --out")
-    os.makedirs(out_dir, exist_ok=True)
 
-    mesh = make_mesh(cfg.mesh, devices)
+
+class Runner(abc.ABC):
+    """What differs between transports in the training loop: where the state lives, how a step and
+    an eval run, how the state reaches a checkpoint, and whether this process writes the files.
+
+    Every process of a run calls the same methods in the same order (MPI runners communicate in
+    them). Values of `state` are the runner's own (sharded `jax.Array`s, or a process's blocks).
+    """
+
+    writer: bool = True  # this process writes metrics.jsonl, config.json, checkpoints, progress
+    devices: list[str]  # for config.json
+
+    def raise_if_any(self, error: str | None) -> None:
+        """Raise ValueError(error) on every process if any process passes an error."""
+        if error:
+            raise ValueError(error)
+
+    @abc.abstractmethod
+    def init_state(self) -> TrainState: ...
+
+    @abc.abstractmethod
+    def restore(self, checkpoints: Checkpoints | None, state: TrainState) -> TrainState:
+        """The latest checkpoint's state (`checkpoints` is None where this process is no writer)."""
+
+    @abc.abstractmethod
+    def step(self, state: TrainState, tokens: np.ndarray) -> tuple[TrainState, dict]:
+        """One train step on the global batch; returns the new state and host metrics."""
+
+    @abc.abstractmethod
+    def eval_loss(self, params, tokens: np.ndarray) -> float: ...
+
+    @abc.abstractmethod
+    def step_stats(self, ledger, seconds: float) -> tuple[dict, float]:
+        """The step's traffic per axis (per device, as `Ledger.per_axis`) and its seconds."""
+
+    @abc.abstractmethod
+    def save(self, checkpoints: Checkpoints | None, step: int, state: TrainState) -> bool:
+        """Checkpoint `state` as `step`; False when it was not finite (and nothing was saved)."""
+
+
+class XlaRunner(Runner):
+    """One process: `shard_map` over its devices, sharded `jax.Array` state."""
+
+    def __init__(self, cfg: ExperimentConfig, devices):
+        self.cfg = cfg
+        self.devices = [str(d) for d in devices]
+        self.mesh = make_mesh(cfg.mesh, devices)
+        policy = Policy.load(cfg.compression)
+        self._step = make_train_step(cfg.model, cfg.mesh, cfg.optim, self.mesh, policy)
+        self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
+
+    def init_state(self):
+        cfg = self.cfg
+        return init_state(cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed)
+
+    def restore(self, checkpoints, state):
+        return checkpoints.restore(state)
+
+    def step(self, state, tokens):
+        state, metrics = self._step(state, tokens)
+        return state, jax.device_get(metrics)
+
+    def eval_loss(self, params, tokens):
+        return float(self._eval(params, tokens))
+
+    def step_stats(self, ledger, seconds):
+        return ledger.per_axis(devices=self.mesh.devices.size), seconds
+
+    def save(self, checkpoints, step, state):
+        return checkpoints.save(step, state)
+
+
+def run_loop(
+    cfg: ExperimentConfig, out_dir: str, runner: Runner, *, resume: bool, progress: bool
+) -> dict:
+    """The training loop of every transport: batches, timing, traffic, metrics records, eval and
+    checkpoint cadence, progress, resume. Returns the last record (on a writer; {} elsewhere)."""
+    writer = runner.writer
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    error = None
+    if writer and not resume and os.path.exists(metrics_path) and os.path.getsize(metrics_path):
+        error = f"--out {out_dir} already holds a run: pass --resume or choose another --out"
+    runner.raise_if_any(error)
+    if writer:
+        os.makedirs(out_dir, exist_ok=True)
+
     policy = Policy.load(cfg.compression)
     batches = Batches(corpus_bytes(), cfg.train.batch_size, cfg.model.block_size, cfg.train.seed)
-    state = init_state(cfg.model, cfg.mesh, cfg.optim, mesh, cfg.train.seed)
-    checkpoints = Checkpoints(os.path.join(out_dir, "checkpoints"), keep=cfg.train.keep_checkpoints)
+    state = runner.init_state()
+    checkpoints = None
+    if writer:
+        keep = cfg.train.keep_checkpoints
+        checkpoints = Checkpoints(os.path.join(out_dir, "checkpoints"), keep=keep)
     start = 0
     if resume:
-        state = checkpoints.restore(state)
+        state = runner.restore(checkpoints, state)
         start = int(jax.device_get(state.step))
-        _truncate_metrics(metrics_path, start)
-    _write_config(out_dir, cfg, policy, devices)
+        if writer:
+            _truncate_metrics(metrics_path, start)
+    if writer:
+        _write_config(out_dir, cfg, policy, runner.devices)
 
-    step_fn = make_train_step(cfg.model, cfg.mesh, cfg.optim, mesh, policy)
-    eval_fn = make_eval_loss(cfg.model, cfg.mesh, mesh, policy)
-    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
+    shapes = Plan(cfg.model, cfg.mesh).param_shapes  # global shapes, whatever a process holds
+    n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(shapes))
     tokens_per_step = cfg.train.batch_size * cfg.model.block_size
     flops = flops_per_token(cfg.model, n_params) * tokens_per_step
     ledger = jaxhc.accounting.Ledger()
     record: dict = {}
 
-    with _Progress(cfg.train.steps, start, enabled=progress) as bar, open(metrics_path, "a") as out:
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(_Progress(cfg.train.steps, start, enabled=progress and writer))
+        out = stack.enter_context(open(metrics_path, "a")) if writer else None
         for step in range(start, cfg.train.steps):
             tokens = batches.train(step)
             ledger.reset()
             t0 = time.perf_counter()
             with ledger:
-                state, metrics = step_fn(state, tokens)
-                metrics = jax.device_get(metrics)
+                state, metrics = runner.step(state, tokens)
             seconds = time.perf_counter() - t0
             loss = float(metrics["loss"])
             if not math.isfinite(loss):
-                raise FloatingPointError(f"step {step}: loss is {loss}; stopping (checkpoints kept)")
-            traffic = ledger.per_axis(devices=mesh.devices.size)
+                raise FloatingPointError(
+                    f"step {step}: loss is {loss}; stopping (checkpoints kept)"
+                )
+            traffic, seconds = runner.step_stats(ledger, seconds)
             record = {
                 "step": step,
                 "loss": loss,
@@ -88,17 +200,24 @@ def train(cfg: ExperimentConfig, out_dir: str, *, resume: bool = False, progress
             }
             last = step + 1 == cfg.train.steps
             if (step + 1) % cfg.train.eval_every == 0 or last:
-                record["val_loss"] = float(np.mean([
-                    float(eval_fn(state.params, batches.val(i))) for i in range(cfg.train.eval_batches)
-                ]))
-            out.write(json.dumps(record) + "\n")
-            out.flush()
+                record["val_loss"] = float(
+                    np.mean(
+                        [
+                            runner.eval_loss(state.params, batches.val(i))
+                            for i in range(cfg.train.eval_batches)
+                        ]
+                    )
+                )
+            if out is not None:
+                out.write(json.dumps(record) + "\n")
+                out.flush()
             if (step + 1) % cfg.train.ckpt_every == 0 or last:
-                if not checkpoints.save(step + 1, state):
+                if not runner.save(checkpoints, step + 1, state):
                     bar.note(f"step {step + 1}: state is not finite; checkpoint skipped")
             bar.update(record)
-    checkpoints.close()
-    return record
+    if checkpoints is not None:
+        checkpoints.close()
+    return record if writer else {}
 
 
 def _truncate_metrics(path: str, start: int) -> None:
@@ -114,8 +233,13 @@ def _truncate_metrics(path: str, start: int) -> None:
 
 
 def _write_config(out_dir: str, cfg: ExperimentConfig, policy: Policy, devices) -> None:
-    resolved = {**cfg.to_dict(), "policy": policy.to_dict(), "jaxhc": jaxhc.__version__,
-                "jax": jax.__version__, "devices": [str(d) for d in devices]}
+    resolved = {
+        **cfg.to_dict(),
+        "policy": policy.to_dict(),
+        "jaxhc": jaxhc.__version__,
+        "jax": jax.__version__,
+        "devices": [str(d) for d in devices],
+    }
     tmp = os.path.join(out_dir, "config.json.tmp")
     with open(tmp, "w") as f:
         json.dump(resolved, f, indent=2)
@@ -134,20 +258,25 @@ class _Progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
             )
             self._progress.__enter__()
-            self._task = self._progress.add_task("train", total=self.total, completed=self.start,
-                                                 info="compiling...")
+            self._task = self._progress.add_task(
+                "train", total=self.total, completed=self.start, info="compiling..."
+            )
         return self
 
     def update(self, record: dict) -> None:
         if not self._progress:
             return
         wire = " ".join(f"{a}={v / 1e6:.2f}" for a, v in record["wire_bytes"].items() if v)
-        info = (f"loss {record['loss']:.4f}  {record['tokens_per_s']:.0f} tok/s  "
-                f"wire MB/step {wire or '0'}")
+        info = (
+            f"loss {record['loss']:.4f}  {record['tokens_per_s']:.0f} tok/s  "
+            f"wire MB/step {wire or '0'}"
+        )
         if "val_loss" in record:
             info += f"  val {record['val_loss']:.4f}"
         self._progress.update(self._task, completed=record["step"] + 1, info=info)

@@ -1,0 +1,213 @@
+"""Training with one process per device: `mpirun -np <mesh size> jaxhc train --transport mpi`.
+
+Every rank runs `jaxhc.train.loop.run_loop` with an `MpiRunner`: it holds its own block of the
+train state (its coordinate's slice of every array, as `jaxhc.Launcher.put` places it), runs the
+same per-shard programs as the XLA transport (`per_shard_train_step`, `per_shard_eval_loss`) with
+jaxhc's collectives over `MpiTransport`, and feeds its data rows of the same global batch (batches
+depend only on (seed, step)). Rank 0 alone touches the run directory: metrics.jsonl, config.json,
+the progress bar and the Orbax checkpoints. A checkpoint holds the global arrays (the blocks
+gathered to rank 0), in the format the XLA loop writes, so a run checkpointed on one transport
+resumes on either; on resume rank 0 reads it and sends every rank its blocks, so the other ranks
+need no shared file system.
+
+Failures end the job rather than hang it: a bad configuration or a mesh that does not match
+``-np`` is found by every rank before any communication (rank 0 prints the one-line error, every
+rank exits with status 2); errors that only rank 0 can see (an existing run without --resume, a
+missing or mismatched checkpoint) are broadcast first and end the job the same way; anything else
+a rank raises aborts the whole job through `jaxhc.launch.install_abort_hook`.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jaxhc.launch import Launcher, _blocks
+from jaxhc.model import (
+    METRIC_SPECS,
+    TrainState,
+    initial_state,
+    per_shard_eval_loss,
+    per_shard_train_step,
+    train_state_specs,
+)
+from jaxhc.model.config import AXES
+from jaxhc.parallel.state import Plan
+from jaxhc.policy import Policy
+from jaxhc.train.config import ExperimentConfig
+from jaxhc.train.loop import Runner, check_config, run_loop
+
+TRAFFIC_FIELDS = ("raw_bytes", "wire_bytes", "fallbacks", "calls")
+
+
+def train_mpi(
+    cfg: ExperimentConfig, out_dir: str, *, resume: bool = False, progress: bool = True
+) -> dict:
+    """Train `cfg` as this rank of an MPI job of one process per mesh device (see the module).
+
+    Returns the last step's record on rank 0 and {} on the other ranks. The records, files and
+    checkpoints are those of `jaxhc.train.loop.train`; the losses are the XLA transport's.
+    """
+    if cfg.transport != "mpi":
+        raise ValueError(f"transport={cfg.transport!r}: train_mpi runs the 'mpi' transport")
+    try:
+        import mpi4jax  # noqa: F401
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ValueError(
+            f"--transport mpi needs mpi4py and mpi4jax ({e}): `make setup-mpi` installs them"
+        ) from None
+    world = MPI.COMM_WORLD
+    # Checks every rank makes alike, before any communication: each rank can simply exit.
+    try:
+        if world.Get_size() != cfg.mesh.size:
+            m = cfg.mesh
+            raise ValueError(
+                f"mesh data x tensor x pipe = {m.data} x {m.tensor} x {m.pipe} = {m.size} but the "
+                f"MPI job has {world.Get_size()} processes: start it with `mpirun -np {m.size}`"
+            )
+        check_config(cfg, cfg.mesh.size)
+    except ValueError:
+        _exit_unless_rank0(world)
+        raise
+    runner = MpiRunner(cfg)
+    try:
+        return run_loop(cfg, out_dir, runner, resume=resume, progress=progress)
+    except FloatingPointError:  # the loss is the same on every rank: let rank 0 report it
+        _exit_unless_rank0(world, status=1)
+        raise
+    except AgreedError:
+        raise
+    except ValueError as e:  # one rank's error: the others may wait in a collective
+        _abort(world, e)
+
+
+class AgreedError(ValueError):
+    """An error every rank knows about (rank 0 reports it; the others have exited quietly)."""
+
+
+def _exit_unless_rank0(comm, status: int = 2) -> None:
+    """On a failure every rank found alike: ranks other than 0 leave quietly, rank 0 reports."""
+    if comm.Get_rank() != 0:
+        raise SystemExit(status)
+
+
+def _abort(comm, error: Exception) -> None:
+    """End the whole job with this rank's one-line error (`MPI_Abort`, status 2)."""
+    sys.stdout.flush()
+    sys.stderr.write(f"jaxhc train: error: rank {comm.Get_rank()} of {comm.Get_size()}: {error}\n")
+    sys.stderr.flush()
+    comm.Abort(2)
+
+
+class MpiRunner(Runner):
+    """This rank's part of the loop: its blocks of the state, its rows of each batch."""
+
+    def __init__(self, cfg: ExperimentConfig):
+        self.cfg = cfg
+        mesh_shape = dict(zip(AXES, cfg.mesh.shape, strict=True))
+        self.launcher = Launcher(mesh_shape, "mpi")
+        grid = self.launcher.grid
+        self.comm, self.mesh_shape = grid.control, mesh_shape
+        self.writer = grid.rank == 0
+        self.all_coords = self.comm.allgather(grid.coords)
+        where = f"{jax.devices()[0]} on {socket.gethostname()}"
+        self.devices = [f"rank {r}: {d}" for r, d in enumerate(self.comm.allgather(where))]
+
+        policy = Policy.load(cfg.compression)
+        self.specs = train_state_specs(cfg.model, cfg.mesh, cfg.optim)
+        self._step = self.launcher.shard_map(
+            per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy),
+            in_specs=(self.specs, P("data")),
+            out_specs=(self.specs, METRIC_SPECS),
+        )
+        self._eval = self.launcher.shard_map(
+            per_shard_eval_loss(cfg.model, cfg.mesh, policy),
+            in_specs=(self.specs.params, P("data")),
+            out_specs=P(),
+        )
+
+    def raise_if_any(self, error):
+        errors = self.comm.allgather(error)
+        first = next(((r, e) for r, e in enumerate(errors) if e), None)
+        if first is None:
+            return
+        _exit_unless_rank0(self.comm)
+        rank, error = first
+        raise AgreedError(error if rank == 0 else f"rank {rank}: {error}")
+
+    def _host_state(self):
+        """The fresh global state as host arrays on rank 0; its structure elsewhere."""
+        cfg = self.cfg
+        if self.writer:
+            return initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed)
+        plan = Plan(cfg.model, cfg.mesh, cfg.optim)
+        return TrainState(0, plan.param_shapes, plan.opt_local)
+
+    def init_state(self):
+        # Rank 0 alone initializes (one compilation instead of one per rank) and sends the blocks.
+        return self._scatter(self._host_state())
+
+    def restore(self, checkpoints, state):
+        like = self._host_state()
+        host, error = like, None
+        if self.writer:
+            try:
+                host = jax.device_get(checkpoints.restore(like))
+            except ValueError as e:
+                error = str(e)
+        self.raise_if_any(error)
+        return self._scatter(host)
+
+    def _scatter(self, tree):
+        """Rank 0's global host arrays -> every rank's blocks (elsewhere `tree` only gives the
+        structure)."""
+
+        def one(spec, x):
+            blocks = None
+            if self.writer:
+                blocks = [_blocks.local_block(spec, x, c, self.mesh_shape) for c in self.all_coords]
+            return jnp.asarray(self.comm.scatter(blocks, root=0))
+
+        return _blocks.map_specs(one, self.specs, tree)
+
+    def _gather(self, state):
+        """Every rank's blocks -> the global host arrays on rank 0 (None elsewhere)."""
+
+        def one(spec, x):
+            blocks = self.comm.gather(np.asarray(x), root=0)
+            return _blocks.assemble(spec, blocks, self.all_coords, self.mesh_shape) if blocks else 0
+
+        tree = _blocks.map_specs(one, self.specs, state)
+        return tree if self.writer else None
+
+    def step(self, state, tokens):
+        rows = self.launcher.put(tokens, P("data"))
+        state, metrics = self._step(state, rows)
+        return state, jax.device_get(metrics)
+
+    def eval_loss(self, params, tokens):
+        return float(self._eval(params, self.launcher.put(tokens, P("data"))))
+
+    def step_stats(self, ledger, seconds):
+        # Each rank's ledger counts its own device; the XLA loop reports the mean over devices,
+        # and the step takes as long as its slowest rank.
+        mine = ledger.per_axis(devices=1)
+        gathered = self.comm.allgather((mine, seconds))
+        axes = sorted({a for traffic, _ in gathered for a in traffic})
+        n = len(gathered)
+        traffic = {
+            a: {f: sum(t.get(a, {}).get(f, 0.0) for t, _ in gathered) / n for f in TRAFFIC_FIELDS}
+            for a in axes
+        }
+        return traffic, max(s for _, s in gathered)
+
+    def save(self, checkpoints, step, state):
+        host = self._gather(state)
+        ok = checkpoints.save(step, host) if self.writer else True
+        return self.comm.bcast(ok, root=0)
