@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import markdown_table, print_table, timeit, write_json  # noqa: E402
+from _common import markdown_table, print_table, timings, write_json  # noqa: E402
 
 import jaxhc  # noqa: E402
 from jaxhc.codecs import parse  # noqa: E402
@@ -95,7 +95,9 @@ def codec_speed(spec: str, n: int = 1 << 22) -> tuple[float, float]:
     enc = jax.jit(codec.encode)
     payload = enc(x).payload
     dec = jax.jit(lambda p: codec.decode(p, (n,), jnp.float32))
-    return n / timeit(enc, x, repeats=3), n / timeit(dec, payload, repeats=3)
+    return n / timings(lambda: enc(x), 3)["median_s"], n / timings(lambda: dec(payload), 3)[
+        "median_s"
+    ]
 
 
 def run_case(name, spec, nbytes, parts, kind):
@@ -112,7 +114,7 @@ def run_case(name, spec, nbytes, parts, kind):
     with jaxhc.accounting.Ledger() as ledger:
         jax.block_until_ready(fn(x))
     per = ledger.per_axis(devices=parts)["x"]
-    seconds = timeit(fn, x, repeats=3)
+    seconds = timings(lambda: fn(x), 3)["median_s"]
     return n, per, seconds, messages(parts), n_enc(n, parts), n_dec(n, parts)
 
 
