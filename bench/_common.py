@@ -175,7 +175,9 @@ def print_table(title: str, columns: list[str], rows: list[list], notes=()) -> N
     for r in cells:
         table.add_row(*r)
     width = max(sum(w + 3 for w in widths) + 1, len(title), *(len(n) + 2 for n in notes))
-    console = Console(width=width, soft_wrap=True)
+    # Under mpirun a rank's stdout is a pseudo-terminal even when the job's output is a file.
+    plain = "OMPI_COMM_WORLD_SIZE" in os.environ or not sys.stdout.isatty()
+    console = Console(width=width, soft_wrap=True, force_terminal=False if plain else None)
     console.print(table)
     for note in notes:
         console.print(f"  {note}", highlight=False, markup=False)

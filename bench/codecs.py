@@ -1,9 +1,9 @@
 """Codec benchmark: encode/decode throughput, and MPC's compression ratio on realistic data.
 
-    make bench                                               # the full run, JSON in bench/results
-    .venv/bin/python bench/codecs.py --out bench/results/codecs.json [--n 16777216] [--repeats 7]
-        [--rates 4 8 16 24] [--dtypes float32 bfloat16]
-    .venv/bin/python bench/codecs.py --quick                 # a smoke run of a few seconds
+    make bench                           # the full run: bench/results/codecs.json
+    .venv/bin/python bench/codecs.py [--n 16777216] [--repeats 7] [--rates 4 8 16 24]
+        [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
+    .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
 Throughput (first two tables). jaxhc's ZFP at each rate and MPC (dim 1, no budget) encode and
 decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
@@ -214,7 +214,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
     ap.add_argument("--ratio-n", type=int, default=1 << 20, help="values per synthetic ratio set")
     ap.add_argument("--quick", action="store_true", help="1M values, 2 repeats, a smaller GPT")
-    ap.add_argument("--out", help="write the results here as JSON")
+    ap.add_argument("--out", help="JSON path (default bench/results/codecs[_quick].json)")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.repeats, args.ratio_n = 1 << 20, 2, 1 << 16
@@ -240,19 +240,19 @@ def main(argv=None) -> None:
     print_table("MPC compression ratio (lossless)", columns, rows, notes)
     tables["mpc_ratio"] = markdown_table(columns, rows, notes)
 
-    if args.out:
-        write_json(
-            args.out,
-            {
-                "n": args.n,
-                "repeats": args.repeats,
-                "ratio_n": args.ratio_n,
-                "throughput_data": "random walk (cumsum of N(0,1)) in float32, then cast",
-                "throughput": records,
-                "mpc_ratio": ratios,
-                "markdown": tables,
-            },
-        )
+    out = args.out or f"bench/results/codecs{'_quick' if args.quick else ''}.json"
+    write_json(
+        out,
+        {
+            "n": args.n,
+            "repeats": args.repeats,
+            "ratio_n": args.ratio_n,
+            "throughput_data": "random walk (cumsum of N(0,1)) in float32, then cast",
+            "throughput": records,
+            "mpc_ratio": ratios,
+            "markdown": tables,
+        },
+    )
 
 
 if __name__ == "__main__":
