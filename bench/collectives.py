@@ -114,6 +114,8 @@ class Transport:
     def __init__(self, name: str):
         self.name, self.comm, self.rank = name, None, 0
         if name == "mpi":
+            # Ranks waiting in MPI yield their core (read at MPI_Init, which importing MPI runs).
+            os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
             from mpi4py import MPI
 
             self.comm, self.rank, self.max = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.MAX
@@ -222,16 +224,10 @@ def main(argv=None) -> None:
         args.sizes_kb, args.parts, args.repeats = "64,1024", "4", 3
     sizes = [int(s) for s in args.sizes_kb.split(",")]
     codecs = [c for c in args.codecs.split(",") if c != "lax-allreduce" or args.transport == "mpi"]
-    if args.transport == "mpi":
-        from mpi4py import MPI
-
-        parts_list = [MPI.COMM_WORLD.Get_size()]
-    else:
-        parts_list = [int(p) for p in args.parts.split(",")]
-    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        jax.config.update("jax_num_cpu_devices", 1 if args.transport == "mpi" else max(parts_list))
-
     tr = Transport(args.transport)
+    parts_list = [tr.comm.Get_size()] if tr.comm else [int(p) for p in args.parts.split(",")]
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        jax.config.update("jax_num_cpu_devices", 1 if tr.comm else max(parts_list))
     say = print if tr.rank == 0 else (lambda *a, **k: None)
     records = []
     for parts in parts_list:
