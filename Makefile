@@ -93,11 +93,12 @@ train: setup
 bench: setup
 	$(BIN)/python bench/codecs.py --out bench/results/codecs.json
 
-# psum / all_gather per codec on the MPI transport, 2 and 4 processes (QUICK=1: 64 KB and 1 MB).
+# The collectives per codec on the MPI transport, 2 and 4 processes (QUICK=1: 64 KB and 1 MB),
+# JSON in bench/results/collectives_mpi_np<P>[_quick].json.
+bench-mpi: MPI_TIMEOUT = 3600
 bench-mpi: setup setup-mpi
-	for np in 2 4; do XLA_FLAGS=--xla_force_host_platform_device_count=1 $(MPIRUN) -np $$np \
-	  $(BIN)/python bench/mpi_collectives.py $(if $(QUICK),--quick) \
-	  --out bench/results/mpi_collectives_np$$np.json || exit 1; done
+	for np in 2 4; do $(MPIRUN) -np $$np \
+	  $(BIN)/python bench/collectives.py --transport mpi $(if $(QUICK),--quick) || exit 1; done
 
 lint: setup
 	$(BIN)/ruff check jaxhc tests bench && $(BIN)/ruff format --check jaxhc tests bench

@@ -1,66 +1,52 @@
-"""Codec throughput: jaxhc ZFP and MPC (FFI, inside jit) side by side with zfpy and a memcpy.
+"""Codec benchmark: encode/decode throughput, and MPC's compression ratio on realistic data.
 
-Throughput is GB/s of uncompressed input (1e9 bytes/s of the array as given: a bfloat16 array
-counts 2 bytes per value). Each time is the best of --repeats runs after one warm-up run; the JSON
-also keeps the median. zfpy runs single-threaded on float32 only (it has no bfloat16).
+    make bench                           # the full run: bench/results/codecs.json
+    .venv/bin/python bench/codecs.py [--n 16777216] [--repeats 7] [--rates 4 8 16 24]
+        [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
+    .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
-    python bench/codecs.py --out bench/results/codecs.json [--n 16777216] [--repeats 7]
-        [--rates 4 8 16 24] [--dtypes float32 bfloat16]
+Throughput (first two tables). jaxhc's ZFP at each rate and MPC (dim 1, no budget) encode and
+decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
+through the XLA FFI inside `jax.jit`, side by side in one run with zfpy (single-threaded, float32
+only: it has no bfloat16) and a numpy memcpy. GB/s are 1e9 bytes/s of uncompressed input as given
+(a bfloat16 array counts 2 bytes per value), from the best of --repeats runs after one warm-up (the
+JSON keeps the median and the CPU times too). "/zfpy" is our GB/s over zfpy's. "ratio" is raw
+bytes / bytes the payload uses: rate-R ZFP stores R bits per value, so bfloat16 at rate 24 expands
+(ratio < 1); MPC's ratio is what it achieved on this data. The first table is wall-clock time; the
+second divides by the process CPU time instead (all threads), less sensitive to other jobs on the
+machine but blind to parallel speed-up.
+
+Compression ratio (third table). Lossless MPC, dims 1, 2 and 4, on float32 and bfloat16 copies of:
+the weights of jaxhc's GPT (`jaxhc.model.gpt`, byte-level, 4 layers x 256 wide) at its GPT-2
+initialization, their gradients for one batch of the embedded corpus, the residual stream after
+each block (what pipeline stages send), a random walk, a smooth 2-D field, and white noise.
+Ratio = raw bytes / bytes used, summed over a data set's arrays. A payload budget b (`mpc:b`)
+fits when ratio >= 1/b; below that a collective falls back to sending raw.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import statistics
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import zfpy
+from _common import fmt, gbps, markdown_table, print_table, time_codec, timings, write_json
 
 from jaxhc.codecs import Mpc, Zfp
 
 ZFP_RATES = (4, 8, 16, 24)
 DTYPES = ("float32", "bfloat16")
+MPC_DIMS = (1, 2, 4)
 
 
-def timings(fn, repeats: int) -> dict:
-    """Seconds of fn() (which returns what to wait for) after one warm-up call: the best and the
-    median wall time, and the least CPU time of the process (all threads: robust to other load)."""
-    jax.block_until_ready(fn())
-    wall, cpu = [], []
-    for _ in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        jax.block_until_ready(fn())
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    return {"s": min(wall), "median_s": statistics.median(wall), "cpu_s": min(cpu)}
-
-
-def data(n: int) -> np.ndarray:
-    """A random walk: smooth at the scale of a ZFP block, like many activations and weights."""
-    rng = np.random.default_rng(0)
+def random_walk(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
     return np.cumsum(rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
 
-def bench_jaxhc(codec, x: jax.Array, repeats: int) -> dict:
-    n, dtype = x.size, x.dtype
-    encode = jax.jit(lambda v: codec.encode(v).payload)
-    decode = jax.jit(lambda p: codec.decode(p, (n,), dtype))
-    try:
-        payload = jax.block_until_ready(encode(x))
-    except Exception as e:  # noqa: BLE001 - a codec not built yet (the MPC branch) reports n/a
-        return {"error": str(e).strip().splitlines()[-1][:100]}
-    return {
-        "encode": timings(lambda: encode(x), repeats),
-        "decode": timings(lambda: decode(payload), repeats),
-        "ratio": x.nbytes / payload.nbytes,
-    }
+# --- throughput ------------------------------------------------------------------------------
 
 
 def bench_zfpy(x: np.ndarray, rate: float, repeats: int) -> dict:
@@ -73,139 +59,200 @@ def bench_zfpy(x: np.ndarray, rate: float, repeats: int) -> dict:
     }
 
 
-def bench_memcpy(x: np.ndarray, repeats: int) -> dict:
-    dst = np.empty_like(x)
-    t = timings(lambda: np.copyto(dst, x), repeats)
-    return {"encode": t, "decode": t}
-
-
-def gbps(nbytes: int, seconds: float) -> float | None:
-    return nbytes / seconds / 1e9 if seconds > 0 else None
-
-
-def run(n: int, repeats: int, rates, dtypes) -> list[dict]:
-    base = data(n)
-    rows = []
+def throughput(n: int, repeats: int, rates, dtypes) -> list[dict]:
+    """One record per (codec, dtype): jaxhc's timings, zfpy's for ZFP on float32, and memcpy."""
+    base = random_walk(n)
+    records = []
     for dtype in dtypes:
         x_np = base.astype(jnp.dtype(dtype))
         x = jax.device_put(x_np)
-        nbytes = x_np.nbytes
         for codec in [*(Zfp(rate=r) for r in rates), Mpc()]:
-            ours = bench_jaxhc(codec, x, repeats)
-            row = {"codec": codec.spec, "dtype": dtype, "bytes": nbytes, "jaxhc": ours}
-            if isinstance(codec, Zfp):
-                row["zfpy"] = bench_zfpy(x_np, codec.rate, repeats) if dtype == "float32" else None
-            rows.append(row)
-            print(f"  done {codec.spec} {dtype}", file=sys.stderr, flush=True)
-        rows.append(
+            rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes}
+            rec["jaxhc"] = time_codec(codec, x, repeats)
+            if isinstance(codec, Zfp) and dtype == "float32":
+                rec["zfpy"] = bench_zfpy(x_np, codec.rate, repeats)
+            records.append(rec)
+        dst = np.empty_like(x_np)
+        copy = timings(lambda: np.copyto(dst, x_np), repeats)  # noqa: B023 - called right here
+        records.append(
             {
                 "codec": "memcpy",
                 "dtype": dtype,
-                "bytes": nbytes,
-                "numpy": bench_memcpy(x_np, repeats),
+                "bytes": x_np.nbytes,
+                "numpy": {"encode": copy, "decode": copy},
             }
+        )
+    return records
+
+
+THROUGHPUT_COLUMNS = [
+    "codec",
+    "dtype",
+    "ratio",
+    "enc GB/s",
+    "dec GB/s",
+    "zfpy enc",
+    "zfpy dec",
+    "enc/zfpy",
+    "dec/zfpy",
+]
+
+
+def throughput_rows(records: list[dict], key: str) -> list[list[str]]:
+    """GB/s from the `key` seconds ("s": best wall time, "cpu_s": CPU time) and ours / zfpy's."""
+    rows = []
+    for r in records:
+        ours, z = r.get("jaxhc") or r["numpy"], r.get("zfpy")
+        enc, dec = (gbps(r["bytes"], ours[op] and ours[op][key]) for op in ("encode", "decode"))
+        zenc, zdec = (gbps(r["bytes"], z[op][key]) if z else None for op in ("encode", "decode"))
+        vs = [a / b if a and b else None for a, b in ((enc, zenc), (dec, zdec))]
+        rows.append(
+            [
+                r["codec"],
+                r["dtype"],
+                fmt(ours["ratio"], "{:.3f}") if "ratio" in ours else "",
+                *(fmt(v, "{:.3f}") for v in (enc, dec, zenc, zdec)),
+                *(fmt(v, "{:.2f}x") for v in vs),
+            ]
         )
     return rows
 
 
-def table_rows(rows: list[dict], key: str) -> list[list[str]]:
-    """One line per row: GB/s from the `key` seconds ("s": wall, "cpu_s": CPU) and ours/zfpy."""
-
-    def num(v, fmt="{:.3f}"):
-        return "n/a" if v is None else fmt.format(v)
-
-    out = []
-    for r in rows:
-        ours, z = r.get("jaxhc") or r["numpy"], r.get("zfpy")
-        if "error" in ours:
-            out.append([r["codec"], r["dtype"], "n/a", "n/a", "", "", "", "", ours["error"]])
-            continue
-        enc, dec = (gbps(r["bytes"], ours[op][key]) for op in ("encode", "decode"))
-        zenc, zdec = (gbps(r["bytes"], z[op][key]) if z else None for op in ("encode", "decode"))
-        note = num(ours["ratio"], "{:.1f}") if "ratio" in ours else ""
-        if "zfpy" in r and z is None:
-            note += "  (zfpy has no bfloat16)"
-        vs_enc, vs_dec = (o / zz if zz else None for o, zz in ((enc, zenc), (dec, zdec)))
-        out.append([r["codec"], r["dtype"], num(enc), num(dec), num(zenc), num(zdec),
-                    num(vs_enc, "{:.2f}x"), num(vs_dec, "{:.2f}x"), note])  # fmt: skip
-    return out
+# --- MPC compression ratio -------------------------------------------------------------------
 
 
-HEADER = ["codec", "dtype", "enc GB/s", "dec GB/s", "zfpy enc", "zfpy dec", "enc/zfpy", "dec/zfpy",
-          "ratio"]  # fmt: skip
+def gpt_sets(quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
+    """jaxhc's GPT at init: weights, gradients of one corpus batch, residual stream per block."""
+    from jaxhc.data import Batches, corpus_bytes
+    from jaxhc.model import GPTConfig, gpt
+    from jaxhc.model.layers import Block
 
+    cfg = GPTConfig(
+        vocab_size=256,
+        block_size=64 if quick else 128,
+        n_layer=2 if quick else 4,
+        n_head=4,
+        n_embd=128 if quick else 256,
+    )
+    params = gpt.init_params(cfg, seed)
+    tokens = jnp.asarray(Batches(corpus_bytes(), 4 if quick else 16, cfg.block_size, seed).train(0))
+    grads = jax.grad(gpt.loss)(params, tokens, cfg)
+    block = Block(cfg)
 
-def print_table(rows: list[dict], title: str, key: str) -> None:
-    body = table_rows(rows, key)
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(HEADER)]
-        print(title)
-        for line in [HEADER, *body]:
-            print(
-                "  ".join(
-                    c.rjust(w) if i > 1 else c.ljust(w)
-                    for i, (c, w) in enumerate(zip(line, widths, strict=True))
-                )
-            )
-        return
-    t = Table(title=title)
-    for c in HEADER:
-        t.add_column(c, justify="left" if c in ("codec", "dtype") else "right")
-    for b in body:
-        t.add_row(*b)
-    Console().print(t)
+    def layer(h, p):
+        h = block.apply({"params": p}, h)
+        return h, h
 
-
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
+    _, acts = jax.lax.scan(layer, gpt.embed(params, tokens[:, :-1], cfg), params["blocks"])
+    leaves = lambda tree: [np.asarray(a, np.float32) for a in jax.tree.leaves(tree)]  # noqa: E731
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "numpy": np.__version__,
-        "zfpy": getattr(zfpy, "__version__", "?"),
-        "device": str(jax.devices()[0]),
-        "load_average": os.getloadavg(),
+        "gpt weights": leaves(params),
+        "gpt gradients": leaves(grads),
+        "gpt activations": list(np.asarray(acts, np.float32)),
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def ratio_sets(n: int, quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
+    """Data set name -> float32 arrays."""
+    rng = np.random.default_rng(seed)
+    side = int(np.sqrt(n))
+    u, v = np.meshgrid(np.linspace(0, 4, side), np.linspace(0, 3, side))
+    field = np.sin(3 * u) * np.cos(2 * v) + np.exp(-((u - 2) ** 2 + (v - 1.5) ** 2))
+    return {
+        **gpt_sets(quick, seed),
+        "random walk": [random_walk(n, seed + 1)],
+        "smooth 2-D field": [field.astype(np.float32)],
+        "white noise": [rng.standard_normal(n).astype(np.float32)],
+    }
+
+
+def mpc_ratios(sets: dict[str, list[np.ndarray]], dtypes, dims=MPC_DIMS) -> list[dict]:
+    records = []
+    for name, arrays in sets.items():
+        for dtype in dtypes:
+            xs = [jnp.asarray(a, dtype) for a in arrays]
+            raw = sum(x.nbytes for x in xs)
+            ratios = {}
+            for dim in dims:
+                codec = Mpc(dim=dim)
+                ratios[f"dim{dim}"] = raw / sum(int(codec.encode(x).nbytes) for x in xs)
+            records.append(
+                {
+                    "data": name,
+                    "dtype": dtype,
+                    "arrays": len(xs),
+                    "values": sum(x.size for x in xs),
+                    "ratio": ratios,
+                }
+            )
+    return records
+
+
+def ratio_table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
+    dims = list(records[0]["ratio"])
+    columns = [
+        "data",
+        "dtype",
+        "arrays",
+        "values",
+        *(f"MPC {d.replace('dim', 'dim ')}" for d in dims),
+    ]
+    rows = [
+        [r["data"], r["dtype"], r["arrays"], r["values"], *(f"{r['ratio'][d]:.3f}" for d in dims)]
+        for r in records
+    ]
+    return columns, rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n", type=int, default=1 << 24, help="values per array (default 16M)")
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (best kept)")
     ap.add_argument("--rates", type=float, nargs="+", default=ZFP_RATES, help="ZFP rates")
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
-    ap.add_argument("--out", help="write the results here as JSON")
-    args = ap.parse_args()
-    rows = run(args.n, args.repeats, args.rates, args.dtypes)
-    what = f"n={args.n}, best of {args.repeats}, GB/s of input, {jax.devices()[0]}"
-    print_table(rows, f"codec throughput (wall clock), {what}", "s")
-    print_table(rows, f"per CPU-second (process CPU time, all threads), {what}", "cpu_s")
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        result = {
-            "command": " ".join([sys.executable, *sys.argv]),
-            "machine": machine(),
+    ap.add_argument("--ratio-n", type=int, default=1 << 20, help="values per synthetic ratio set")
+    ap.add_argument("--quick", action="store_true", help="1M values, 2 repeats, a smaller GPT")
+    ap.add_argument("--out", help="JSON path (default bench/results/codecs[_quick].json)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.repeats, args.ratio_n = 1 << 20, 2, 1 << 16
+
+    records = throughput(args.n, args.repeats, args.rates, args.dtypes)
+    what = f"{args.n} values, best of {args.repeats}, GB/s of input, {jax.devices()[0]}"
+    notes = [
+        "zfpy has no bfloat16: its columns are n/a there.",
+        "ratio: raw / used bytes (MPC: achieved on this random walk).",
+    ]
+    tables = {}
+    for key, title in (("s", "codec throughput, wall clock"), ("cpu_s", "per CPU-second")):
+        rows = throughput_rows(records, key)
+        print_table(f"{title}: {what}", THROUGHPUT_COLUMNS, rows, notes)
+        tables[key] = markdown_table(THROUGHPUT_COLUMNS, rows, notes)
+
+    ratios = mpc_ratios(ratio_sets(args.ratio_n, args.quick), args.dtypes)
+    columns, rows = ratio_table(ratios)
+    notes = [
+        "ratio = raw bytes / bytes used, over all arrays of a data set; budget b fits when "
+        "ratio >= 1/b."
+    ]
+    print_table("MPC compression ratio (lossless)", columns, rows, notes)
+    tables["mpc_ratio"] = markdown_table(columns, rows, notes)
+
+    out = args.out or f"bench/results/codecs{'_quick' if args.quick else ''}.json"
+    write_json(
+        out,
+        {
             "n": args.n,
             "repeats": args.repeats,
-            "data": "random walk (cumsum of N(0,1)) in float32, then cast",
-            "results": rows,
-        }
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {args.out}")
+            "ratio_n": args.ratio_n,
+            "throughput_data": "random walk (cumsum of N(0,1)) in float32, then cast",
+            "throughput": records,
+            "mpc_ratio": ratios,
+            "markdown": tables,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -1,199 +1,266 @@
 """Compressed collectives: time, raw and wire bytes per rank, and projected time on real links.
 
-Runs each collective x codec x message size x P on P simulated host devices (one process), records
-bytes with jaxhc's accounting, and projects the time of one call on links of 1, 10 and 100 Gbit/s
-with an alpha-beta model:  t = codec_seconds + messages * alpha + wire_bytes / bandwidth,
-where codec_seconds is the rank's encode + decode work at the codec throughput measured here
-(single process, all cores) and messages is the ring algorithm's message count. On this machine
-the devices share memory and two cores, so the measured time is codec-bound; the projection is
-what a rank with this machine's codec speed would see on a bandwidth-limited link.
+    .venv/bin/python bench/collectives.py            # XLA transport, P = 2, 4, 8, 64 KB..64 MB
+    .venv/bin/python bench/collectives.py --quick    # 64 KB and 1 MB, P = 4
+    make bench-mpi [QUICK=1]                         # MPI transport, 2 and 4 processes
+    mpirun -np 4 .venv/bin/python bench/collectives.py --transport mpi [--quick]
 
-    python bench/collectives.py --out bench/results/collectives.json           # full sweep
-    python bench/collectives.py --quick                                        # a minute or two
+Options narrow the sweep: --collectives psum,all_gather --codecs lax,zfp:8 --sizes-kb 64,1024
+--parts 2,4 --repeats 5 --data smooth|noise. The JSON goes to bench/results/collectives_xla.json
+or collectives_mpi_np<P>.json (`_quick` before `.json` with --quick), or to --out.
+
+Each case is one collective (psum, all_gather, psum_scatter, ppermute as a ring shift, all_to_all)
+over a mesh axis "x" of P ranks, with one codec, on a message of --sizes-kb per rank (float32
+gradient-like data, a smooth signal plus small noise; `--data noise` for noise), run through
+`jaxhc.Launcher` on one of two transports:
+
+- `--transport xla`: one process, P simulated host devices (`shard_map`), P from --parts.
+- `--transport mpi`: one process per rank under mpirun (P = the number of processes); jaxhc's
+  collectives move their payloads with mpi4jax. Rank 0 prints the table and writes the JSON.
+
+Codec "lax" is the plain collective (`codec=None`): XLA's own, or on MPI jaxhc's reduce-scatter +
+all-gather psum that adds in rank order (bitwise XLA:CPU's). "lax-allreduce" (MPI, psum only) is
+the plain psum through MPI_Allreduce. "mpc" has no budget (its payload has room for the worst
+case), "mpc:0.8" sends 80% of raw and falls back to raw when the data does not fit.
+
+Columns (the same for both transports; per rank and per call):
+- ms best / ms median: wall time of one call over --repeats calls after a warm-up. Under MPI every
+  call starts after a barrier, and of the ranks' best (median) times the slowest counts.
+- raw MiB: what a plain ring collective moves; wire MiB: what the transport really moved
+  (`jaxhc.accounting`); raw/wire; fallbacks: calls that went raw (lossy codec on NaN/Inf, MPC
+  over its budget).
+- ms @G Gb/s: an alpha-beta projection of one call on a link of G Gbit/s,
+  t = codec_s + messages * alpha + wire bytes * 8 / (G * 1e9). codec_s: the values this rank
+  encodes and decodes, at the codec speed measured here on data of the same kind and size (one
+  process alone; under MPI rank 0 measures while the others wait; an MPC payload over its budget
+  is sent raw and costs no decode). messages: the ring algorithm's count (psum 2(P-1), ppermute 1,
+  the others P-1). alpha = 5 us.
+
+On this machine the ranks share memory and two cores, so "ms" is codec- and CPU-bound and says
+little about a network; the projection is what a rank with this machine's codec speed would see on
+a bandwidth-limited link. The JSON keeps every number (and CPU times) per case.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
-
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from _common import fmt, markdown_table, print_table, time_codec, timings, write_json
 from jax.sharding import PartitionSpec as P
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import markdown_table, print_table, timeit, write_json  # noqa: E402
-
-import jaxhc  # noqa: E402
-from jaxhc.codecs import parse  # noqa: E402
+import jaxhc
+from jaxhc.codecs import parse
 
 LINKS_GBIT = (1, 10, 100)
 ALPHA = 5e-6  # seconds per message (typical RDMA/TCP latency order)
+SIZES_KB = (64, 1024, 16384, 65536)
+CODECS = ("lax", "lax-allreduce", "none", "zfp:8", "zfp:16", "mpc", "mpc:0.8")
 
-# name -> (call, ring messages per rank, values encoded, values decoded), n local values, P ranks
+
+def _ring(x, codec):
+    p = jaxhc.axis_size("x")
+    return jaxhc.ppermute(x, "x", [(i, (i + 1) % p) for i in range(p)], codec=codec)
+
+
+# name -> (per-shard call, (n values per rank, P) -> (messages, values encoded, values decoded))
 COLLECTIVES = {
     "psum": (
-        lambda x, a, c: jaxhc.psum(x, a, codec=c),
-        lambda p: 2 * (p - 1),
-        lambda n, p: n + n / p,
-        lambda n, p: 2 * n,
+        lambda x, c: jaxhc.psum(x, "x", codec=c),
+        lambda n, p: (2 * (p - 1), n + n / p, 2 * n),
     ),
     "all_gather": (
-        lambda x, a, c: jaxhc.all_gather(x, a, tiled=True, codec=c),
-        lambda p: p - 1,
-        lambda n, p: n,
-        lambda n, p: n * p,
+        lambda x, c: jaxhc.all_gather(x, "x", tiled=True, codec=c),
+        lambda n, p: (p - 1, n, n * p),
     ),
     "psum_scatter": (
-        lambda x, a, c: jaxhc.psum_scatter(x, a, tiled=True, codec=c),
-        lambda p: p - 1,
-        lambda n, p: n,
-        lambda n, p: n,
+        lambda x, c: jaxhc.psum_scatter(x, "x", tiled=True, codec=c),
+        lambda n, p: (p - 1, n, n),
     ),
-    "ppermute": (
-        lambda x, a, c: jaxhc.ppermute(
-            x, a, [(i, (i + 1) % x_parts(a)) for i in range(x_parts(a))], codec=c
-        ),
-        lambda p: 1,
-        lambda n, p: n,
-        lambda n, p: n,
-    ),
+    "ppermute": (_ring, lambda n, p: (1, n, n)),
     "all_to_all": (
-        lambda x, a, c: jaxhc.all_to_all(x, a, 0, 0, tiled=True, codec=c),
-        lambda p: p - 1,
-        lambda n, p: n,
-        lambda n, p: n,
+        lambda x, c: jaxhc.all_to_all(x, "x", 0, 0, tiled=True, codec=c),
+        lambda n, p: (p - 1, n, n),
     ),
 }
 
 
-def x_parts(axis):
-    return jaxhc.axis_size(axis)
-
-
-def data(n_total: int, kind: str, seed: int = 0) -> np.ndarray:
+def data(n: int, kind: str, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if kind == "noise":
-        return (rng.standard_normal(n_total) * 1e-3).astype(np.float32)
-    # gradient-like: a smooth signal plus small noise (compressible, like real gradients)
-    t = np.linspace(0, 50, n_total)
-    return (np.sin(t) * 1e-2 + rng.standard_normal(n_total) * 1e-4).astype(np.float32)
+        return (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    t = np.linspace(0, 50, n)  # gradient-like: a smooth signal plus small noise
+    return (np.sin(t) * 1e-2 + rng.standard_normal(n) * 1e-4).astype(np.float32)
 
 
-def codec_speed(spec: str, n: int = 1 << 22) -> tuple[float, float]:
-    """(encode, decode) throughput in values/s of `spec` on this machine."""
-    if spec == "lax":
+@functools.cache
+def codec_speed(spec: str, n: int, kind: str, repeats: int) -> tuple[float, float]:
+    """(encode, decode) values per second of `spec` on n values (decode: inf when it never runs)."""
+    if spec.startswith("lax"):
         return float("inf"), float("inf")
-    codec = parse(spec)
-    x = jnp.asarray(data(n, "smooth"))
-    enc = jax.jit(codec.encode)
-    payload = enc(x).payload
-    dec = jax.jit(lambda p: codec.decode(p, (n,), jnp.float32))
-    return n / timeit(enc, x, repeats=3), n / timeit(dec, payload, repeats=3)
+    t = time_codec(parse(spec), jnp.asarray(data(n, kind)), repeats)
+    decode = n / t["decode"]["s"] if t["decode"] else float("inf")  # over budget: sent raw
+    return n / t["encode"]["s"], decode
 
 
-def run_case(name, spec, nbytes, parts, kind):
-    call, messages, n_enc, n_dec = COLLECTIVES[name]
-    n = nbytes // 4
-    n -= n % (parts * 4)
-    mesh = Mesh(np.array(jax.devices()[:parts]), ("x",))
-    x = jax.device_put(jnp.asarray(data(n * parts, kind)), NamedSharding(mesh, P("x")))
-    codec = None if spec == "lax" else spec
-    fn = jax.jit(
-        jax.shard_map(lambda v: call(v, "x", codec), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-    )
-    jax.block_until_ready(fn(x))  # compile outside the ledger
-    with jaxhc.accounting.Ledger() as ledger:
-        jax.block_until_ready(fn(x))
-    per = ledger.per_axis(devices=parts)["x"]
-    seconds = timeit(fn, x, repeats=3)
-    return n, per, seconds, messages(parts), n_enc(n, parts), n_dec(n, parts)
+class Transport:
+    """The launchers for P ranks on one transport; under MPI, the communicator and rank."""
+
+    def __init__(self, name: str):
+        self.name, self.comm, self.rank = name, None, 0
+        if name == "mpi":
+            # Ranks waiting in MPI yield their core (read at MPI_Init, which importing MPI runs).
+            os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+            from mpi4py import MPI
+
+            self.comm, self.rank, self.max = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.MAX
+
+    def launchers(self, parts: int) -> dict:
+        if self.comm is None:
+            return {"lax": jaxhc.Launcher({"x": parts}, "xla")}
+        return {
+            "lax": jaxhc.Launcher({"x": parts}, "mpi", check_args=False),
+            "lax-allreduce": jaxhc.Launcher(
+                {"x": parts}, "mpi", psum="allreduce", check_args=False
+            ),
+        }
+
+    def speed(self, *key) -> tuple[float, float]:
+        if self.comm is None:
+            return codec_speed(*key)
+        return self.comm.bcast(codec_speed(*key) if self.rank == 0 else None)
+
+    def time(self, step, x, parts: int, repeats: int) -> tuple[dict, dict]:
+        """Timings of `step(x)` (the slowest rank's under MPI) and the accounting per rank."""
+        jax.block_until_ready(step(x))  # compile and warm up, outside the ledger
+        with jaxhc.accounting.Ledger() as ledger:
+            jax.block_until_ready(step(x))
+        zero = {"raw_bytes": 0.0, "wire_bytes": 0.0, "fallbacks": 0.0, "calls": 0.0}
+        per = ledger.per_axis(devices=1 if self.comm else parts).get("x", zero)
+        if self.comm is None:
+            return timings(lambda: step(x), repeats), per
+        t = timings(lambda: step(x), repeats, before=self.comm.Barrier)
+        return {k: self.comm.allreduce(v, op=self.max) for k, v in t.items()}, per
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", default="bench/results/collectives.json")
-    ap.add_argument("--quick", action="store_true", help="few sizes, P=4 only")
-    ap.add_argument("--codecs", default="lax,none,zfp:8,zfp:16,mpc:0.8")
-    ap.add_argument("--collectives", default=",".join(COLLECTIVES))
-    ap.add_argument("--sizes-kb", default="64,1024,16384,65536")
-    ap.add_argument("--parts", default="2,4,8")
-    ap.add_argument("--data", choices=["smooth", "noise"], default="smooth")
-    args = ap.parse_args()
-    sizes = [64, 1024] if args.quick else [int(s) for s in args.sizes_kb.split(",")]
-    parts_list = [4] if args.quick else [int(p) for p in args.parts.split(",")]
-    specs = args.codecs.split(",")
-    speeds = {s: codec_speed(s) for s in specs}
+def run_case(tr: Transport, launcher, name: str, spec: str, x_global, parts, args) -> dict:
+    call, model = COLLECTIVES[name]
+    codec = None if spec.startswith("lax") else spec
+    step = launcher.shard_map(lambda v: call(v, codec), in_specs=P("x"), out_specs=P("x"))
+    t, per = tr.time(step, launcher.put(x_global, P("x")), parts, args.repeats)
+    n = x_global.size // parts
+    messages, n_enc, n_dec = model(n, parts)
+    enc_speed, dec_speed = tr.speed(spec, n, args.data, args.repeats)
+    codec_s = n_enc / enc_speed + n_dec / dec_speed
+    link = {g: codec_s + messages * ALPHA + per["wire_bytes"] * 8 / (g * 1e9) for g in LINKS_GBIT}
+    return {
+        "collective": name,
+        "codec": spec,
+        "transport": tr.name,
+        "parts": parts,
+        "bytes_per_rank": 4 * n,
+        **t,
+        **per,
+        "messages": messages,
+        "codec_seconds": codec_s,
+        "projected_seconds": link,
+    }
 
-    results, rows = [], []
-    for name in args.collectives.split(","):
-        for parts in parts_list:
-            for kb in sizes:
-                for spec in specs:
-                    n, per, seconds, msgs, enc_vals, dec_vals = run_case(
-                        name, spec, kb * 1024, parts, args.data
-                    )
-                    enc_s, dec_s = speeds[spec]
-                    codec_seconds = enc_vals / enc_s + dec_vals / dec_s
-                    projected = {
-                        g: codec_seconds + msgs * ALPHA + per["wire_bytes"] * 8 / (g * 1e9)
-                        for g in LINKS_GBIT
-                    }
-                    rec = {
-                        "collective": name,
-                        "codec": spec,
-                        "parts": parts,
-                        "bytes_per_rank": n * 4,
-                        "seconds": seconds,
-                        **per,
-                        "codec_seconds": codec_seconds,
-                        "projected_seconds": projected,
-                    }
-                    results.append(rec)
-                    rows.append(
-                        [
-                            name,
-                            parts,
-                            f"{n * 4 / 2**20:.2f}",
-                            spec,
-                            f"{seconds * 1e3:.2f}",
-                            f"{per['raw_bytes'] / 2**20:.3f}",
-                            f"{per['wire_bytes'] / 2**20:.3f}",
-                            f"{per['raw_bytes'] / max(per['wire_bytes'], 1):.2f}",
-                            int(per["fallbacks"]),
-                            *[f"{projected[g] * 1e3:.2f}" for g in LINKS_GBIT],
-                        ]
-                    )
-                    print(rows[-1], flush=True)
-    columns = [
-        "collective",
-        "P",
-        "MiB/rank",
-        "codec",
-        "ms here",
-        "raw MiB",
-        "wire MiB",
-        "raw/wire",
-        "fallbacks",
-        *[f"ms @{g}Gb/s" for g in LINKS_GBIT],
+
+COLUMNS = [
+    "collective",
+    "P",
+    "size/rank",
+    "codec",
+    "ms best",
+    "ms median",
+    "raw MiB",
+    "wire MiB",
+    "raw/wire",
+    "fallbacks",
+    *(f"ms @{g} Gb/s" for g in LINKS_GBIT),
+]
+
+
+def row(r: dict) -> list[str]:
+    kib = r["bytes_per_rank"] / 1024
+    size = f"{kib:g} KiB" if kib < 1024 else f"{kib / 1024:g} MiB"
+    raw, wire = r["raw_bytes"], r["wire_bytes"]
+    return [
+        r["collective"],
+        r["parts"],
+        size,
+        r["codec"],
+        fmt(r["s"] * 1e3),
+        fmt(r["median_s"] * 1e3),
+        fmt(raw / 2**20, "{:.3f}"),
+        fmt(wire / 2**20, "{:.3f}"),
+        fmt(raw / wire if wire else None),
+        f"{r['fallbacks']:g}",
+        *(fmt(r["projected_seconds"][g] * 1e3) for g in LINKS_GBIT),
     ]
-    print_table("jaxhc collectives (per rank)", columns, rows)
-    write_json(
-        args.out,
-        {
-            "alpha_seconds": ALPHA,
-            "links_gbit": LINKS_GBIT,
-            "codec_values_per_second": speeds,
-            "results": results,
-            "markdown": markdown_table(columns, rows),
-        },
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--transport", choices=("xla", "mpi"), default="xla")
+    ap.add_argument("--quick", action="store_true", help="64 KB and 1 MB, P = 4, 3 repeats")
+    ap.add_argument("--collectives", default=",".join(COLLECTIVES))
+    ap.add_argument("--codecs", default=",".join(CODECS))
+    ap.add_argument("--sizes-kb", default=",".join(map(str, SIZES_KB)))
+    ap.add_argument("--parts", default="2,4,8", help="ranks per case (xla; mpi: mpirun -np)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--data", choices=["smooth", "noise"], default="smooth")
+    ap.add_argument("--out", help="JSON path (default bench/results/collectives_<transport>...)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes_kb, args.parts, args.repeats = "64,1024", "4", 3
+    sizes = [int(s) for s in args.sizes_kb.split(",")]
+    codecs = [c for c in args.codecs.split(",") if c != "lax-allreduce" or args.transport == "mpi"]
+    tr = Transport(args.transport)
+    parts_list = [tr.comm.Get_size()] if tr.comm else [int(p) for p in args.parts.split(",")]
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        jax.config.update("jax_num_cpu_devices", 1 if tr.comm else max(parts_list))
+    say = print if tr.rank == 0 else (lambda *a, **k: None)
+    records = []
+    for parts in parts_list:
+        launchers = tr.launchers(parts)
+        for kb in sizes:
+            n = kb * 1024 // 4
+            n -= n % (4 * parts)  # whole tiles for psum_scatter and all_to_all
+            x_global = data(n * parts, args.data)
+            for name in args.collectives.split(","):
+                for spec in codecs:
+                    if spec == "lax-allreduce" and name != "psum":
+                        continue
+                    launcher = launchers.get(spec, launchers["lax"])
+                    records.append(run_case(tr, launcher, name, spec, x_global, parts, args))
+                    say("  " + "  ".join(map(str, row(records[-1]))), file=sys.stderr, flush=True)
+
+    if tr.rank == 0:
+        records.sort(key=lambda r: (list(COLLECTIVES).index(r["collective"]), r["parts"]))
+        rows = [row(r) for r in records]
+        what = "MPI, one process per rank" if tr.comm else "XLA, simulated host devices"
+        print_table(f"jaxhc collectives per rank and call ({what})", COLUMNS, rows)
+        name = f"collectives_{args.transport}" + (f"_np{parts_list[0]}" if tr.comm else "")
+        out = args.out or f"bench/results/{name}{'_quick' if args.quick else ''}.json"
+        write_json(
+            out,
+            {
+                "transport": args.transport,
+                "alpha_seconds": ALPHA,
+                "links_gbit": LINKS_GBIT,
+                "results": records,
+                "markdown": markdown_table(COLUMNS, rows),
+            },
+        )
 
 
 if __name__ == "__main__":
