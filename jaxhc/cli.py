@@ -16,8 +16,11 @@ import sys
 def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a GPT on the embedded corpus")
     p.add_argument("--config", help="experiment YAML (default: the built-in small GPT)")
-    p.add_argument("--compression", help="policy preset (none, zfp8, zfp16, mpc, mzhybrid, "
-                                         "zhybrid, identity) or a policy YAML path")
+    p.add_argument(
+        "--compression",
+        help="policy preset (none, zfp8, zfp16, mpc, mzhybrid, "
+        "zhybrid, identity) or a policy YAML path",
+    )
     p.add_argument("--mesh", help="e.g. data=2,tensor=2,pipe=2[,microbatches=2]")
     p.add_argument("--steps", type=int, help="training steps (also the schedule's length)")
     p.add_argument("--transport", choices=["xla", "mpi"], help="how collectives move bytes")
@@ -54,8 +57,10 @@ def cmd_train(args) -> int:
 
         summary = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     if summary:
-        print(f"{out}: step {summary['step'] + 1} loss {summary['loss']:.4f}"
-              + (f" val {summary['val_loss']:.4f}" if "val_loss" in summary else ""))
+        print(
+            f"{out}: step {summary['step'] + 1} loss {summary['loss']:.4f}"
+            + (f" val {summary['val_loss']:.4f}" if "val_loss" in summary else "")
+        )
     return 0
 
 
@@ -92,8 +97,10 @@ def cmd_sweep(args) -> int:
     out = args.out or sweep.get("out", "runs/sweep")
     dirs = []
     for policy in policies:
-        cfg = load(base, list(sweep.get("overrides", [])) + list(args.overrides) +
-                   [f"compression={policy}"])
+        cfg = load(
+            base,
+            list(sweep.get("overrides", [])) + list(args.overrides) + [f"compression={policy}"],
+        )
         run_dir = os.path.join(out, os.path.splitext(os.path.basename(str(policy)))[0])
         print(f"== {run_dir}", flush=True)
         resume = os.path.exists(os.path.join(run_dir, "checkpoints"))
@@ -111,8 +118,9 @@ def _finished(run_dir: str, cfg) -> bool:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="jaxhc", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="jaxhc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     rp = sub.add_parser("report", help="compare runs: markdown table and PNG plots")
@@ -139,5 +147,3 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-

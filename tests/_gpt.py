@@ -10,17 +10,8 @@ import numpy as np
 import optax
 
 import jaxhc
-from jaxhc.model import (
-    GPTConfig,
-    MeshConfig,
-    OptimConfig,
-    gpt,
-    init_state,
-    make_mesh,
-    make_train_step,
-    params_to_single,
-)
-from jaxhc.parallel import zero
+from jaxhc.model import GPTConfig, MeshConfig, OptimConfig, gpt
+from jaxhc.parallel import init_state, make_mesh, make_train_step, params_to_single, zero
 
 SEED = 0
 BATCH = 8

@@ -8,15 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxhc.model import (
-    GPTConfig,
-    MeshConfig,
-    OptimConfig,
-    init_state,
-    make_mesh,
-    make_train_step,
-    validate,
-)
+from jaxhc.model import GPTConfig, MeshConfig, OptimConfig, validate
+from jaxhc.parallel import init_state, make_mesh, make_train_step
 from tests._gpt import CFG, OPTIM, SEED, mesh_of
 
 

@@ -11,7 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from jaxhc.model import from_hf_gpt2, from_single, gpt, make_logits  # noqa: E402
+from jaxhc.model import from_hf_gpt2, gpt  # noqa: E402
+from jaxhc.parallel import from_single, make_logits  # noqa: E402
 from tests._gpt import POLICIES, mesh_of  # noqa: E402
 
 

@@ -7,7 +7,7 @@ import re
 import jax
 
 import jaxhc
-from jaxhc.model import init_state
+from jaxhc.parallel import init_state
 from tests._gpt import OPTIM, SEED, batch, train_step
 
 COLLECTIVE = re.compile(

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 import jaxhc
-from jaxhc.model import init_state, initial_state, make_loss_and_grads, params_to_single
-from jaxhc.parallel import zero
+from jaxhc.parallel import init_state, initial_state, make_loss_and_grads, params_to_single, zero
 from tests._gpt import (
     CFG,
     OPTIM,

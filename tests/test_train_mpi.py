@@ -33,7 +33,7 @@ import mpi_helpers as h
 import numpy as np
 import pytest
 
-from jaxhc.model import initial_state
+from jaxhc.parallel import initial_state
 from jaxhc.train.checkpoint import Checkpoints
 from jaxhc.train.config import load
 from jaxhc.train.loop import train

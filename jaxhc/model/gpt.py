@@ -24,7 +24,7 @@ import optax
 
 from jaxhc.model.config import GPTConfig
 from jaxhc.model.layers import INIT_STD, Block, layer_norm
-from jaxhc.parallel.tensor import TensorParallel
+from jaxhc.model.tensor_parallel import TensorParallel
 
 
 def init_params(cfg: GPTConfig, seed) -> dict:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxhc.model.config import GPTConfig
-from jaxhc.parallel.tensor import TensorParallel
+from jaxhc.model.tensor_parallel import TensorParallel
 
 INIT_STD = 0.02
 

@@ -2,7 +2,7 @@
 
 Each program is written per shard (`per_shard_train_step`, `per_shard_eval_loss`: what a rank
 runs on its blocks) and mapped over the mesh by one `jax.shard_map` (``check_vma=False``: the
-Megatron operators of `jaxhc.parallel.tensor` make every reduction explicit) in the `make_*`
+Megatron operators of `jaxhc.model.tensor_parallel` make every reduction explicit) in the `make_*`
 functions. Every cross-device byte goes through jaxhc's collectives under the policy:
 
 * "tensor": `jaxhc.psum` of block outputs and of their input gradients (``kind="act"``);
@@ -27,10 +27,10 @@ from jax.sharding import PartitionSpec as P
 import jaxhc
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
+from jaxhc.model.tensor_parallel import TensorParallel
 from jaxhc.parallel import zero
 from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
-from jaxhc.parallel.tensor import TensorParallel
 from jaxhc.policy import Policy
 
 METRIC_SPECS = {"loss": P(), "grad_norm": P(), "lr": P()}

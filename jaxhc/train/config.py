@@ -27,8 +27,14 @@ class TrainConfig:
     keep_checkpoints: int = 3
 
     def __post_init__(self):
-        for key in ("steps", "batch_size", "eval_every", "eval_batches", "ckpt_every",
-                    "keep_checkpoints"):
+        for key in (
+            "steps",
+            "batch_size",
+            "eval_every",
+            "eval_batches",
+            "ckpt_every",
+            "keep_checkpoints",
+        ):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"train.{key}={value!r} must be a positive integer")
@@ -99,7 +105,11 @@ def _section(name: str, value: Any, default):
         if key not in fields:
             raise ValueError(f"unknown config key {name}.{key}")
         # YAML 1.1 reads "1e-3" as a string; accept it (and ints) where a float is expected.
-        if isinstance(fields[key].default, float) and isinstance(v, (str, int)) and not isinstance(v, bool):
+        if (
+            isinstance(fields[key].default, float)
+            and isinstance(v, (str, int))
+            and not isinstance(v, bool)
+        ):
             try:
                 value[key] = float(v)
             except ValueError:
@@ -108,7 +118,7 @@ def _section(name: str, value: Any, default):
 
 
 def load(path: str | None, overrides: list[str] = ()) -> ExperimentConfig:
-    """Read a YAML experiment (or the defaults when `path` is None) and apply ``a.b=value`` overrides."""
+    """Read a YAML experiment (None: the defaults) and apply ``section.key=value`` overrides."""
     data: dict[str, Any] = {}
     if path is not None:
         if not os.path.exists(path):
@@ -141,5 +151,7 @@ def parse_mesh(text: str) -> dict[str, int]:
         try:
             out[key.strip()] = int(value)
         except ValueError:
-            raise ValueError(f"--mesh {text!r}: {key.strip()}={value!r} is not an integer") from None
+            raise ValueError(
+                f"--mesh {text!r}: {key.strip()}={value!r} is not an integer"
+            ) from None
     return out

@@ -18,14 +18,8 @@ import numpy as np
 
 import jaxhc
 from jaxhc.data import VOCAB_SIZE, Batches, corpus_bytes
-from jaxhc.model import (
-    TrainState,
-    init_state,
-    make_eval_loss,
-    make_mesh,
-    make_train_step,
-    validate,
-)
+from jaxhc.model import validate
+from jaxhc.parallel import TrainState, init_state, make_eval_loss, make_mesh, make_train_step
 from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Checkpoints

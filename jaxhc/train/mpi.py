@@ -28,7 +28,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxhc.launch import Launcher, _blocks
-from jaxhc.model import (
+from jaxhc.model.config import AXES
+from jaxhc.parallel import (
     METRIC_SPECS,
     TrainState,
     initial_state,
@@ -36,7 +37,6 @@ from jaxhc.model import (
     per_shard_train_step,
     train_state_specs,
 )
-from jaxhc.model.config import AXES
 from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.config import ExperimentConfig

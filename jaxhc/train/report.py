@@ -24,8 +24,12 @@ def load_run(path: str) -> dict:
             config = json.load(f)
     # A resumed run may repeat steps; the last record of a step wins.
     by_step = {r["step"]: r for r in rows}
-    return {"path": path, "name": os.path.basename(os.path.normpath(path)), "config": config,
-            "steps": [by_step[s] for s in sorted(by_step)]}
+    return {
+        "path": path,
+        "name": os.path.basename(os.path.normpath(path)),
+        "config": config,
+        "steps": [by_step[s] for s in sorted(by_step)],
+    }
 
 
 def summarize(run: dict, tail: int = 10) -> dict:
@@ -50,8 +54,18 @@ def summarize(run: dict, tail: int = 10) -> dict:
     }
 
 
-COLUMNS = ["run", "policy", "steps", "first_loss", "final_loss", "final_val_loss", "tokens_per_s",
-           "wire_mb_per_step", "raw_over_wire", "fallbacks"]
+COLUMNS = [
+    "run",
+    "policy",
+    "steps",
+    "first_loss",
+    "final_loss",
+    "final_val_loss",
+    "tokens_per_s",
+    "wire_mb_per_step",
+    "raw_over_wire",
+    "fallbacks",
+]
 
 
 def markdown(summaries: list[dict]) -> str:
@@ -70,8 +84,10 @@ def plot(runs: list[dict], out_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     paths = []
-    for xkey, fname, xlabel in (("step", "loss_vs_step.png", "step"),
-                                ("wire", "loss_vs_wire.png", "cumulative wire bytes per rank (MB)")):
+    for xkey, fname, xlabel in (
+        ("step", "loss_vs_step.png", "step"),
+        ("wire", "loss_vs_wire.png", "cumulative wire bytes per rank (MB)"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for run in runs:
             steps = [r for r in run["steps"] if "loss" in r]

@@ -53,4 +53,3 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def all_to_all(self, x, axis_name, split_axis, concat_axis, *, tiled=False): ...
-
