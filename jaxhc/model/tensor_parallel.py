@@ -21,7 +21,7 @@ import functools
 
 import jax
 
-import jaxhc
+from jaxhc.collectives import psum
 from jaxhc.policy import Policy
 
 AXIS = "tensor"
@@ -45,7 +45,7 @@ class TensorParallel:
 
 
 def _psum(x, policy):
-    return jaxhc.psum(x, AXIS, policy=policy, kind="act")
+    return psum(x, AXIS, policy=policy, kind="act")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
