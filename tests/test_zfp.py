@@ -307,3 +307,14 @@ def test_decode_of_arbitrary_bytes_matches_zfpy(dtype, rate, device, x64):
         payload.tobytes(), zfpy.dtype_to_ztype(np.dtype(dtype)), [4001], rate=rate
     )
     np.testing.assert_array_equal(bits(np.asarray(y)), bits(np.asarray(ref)))
+
+
+def test_host_entry_points_take_read_only_arrays_and_reject_bad_input():
+    x = np.asarray(jnp.linspace(-1, 1, 999, dtype=jnp.float32))  # read-only view of a jax array
+    assert not x.flags.writeable
+    stream, finite = Zfp(8).encode_numpy(x)
+    assert stream == zfpy.compress_numpy(x, rate=8, write_header=False) and finite
+    with pytest.raises(ValueError, match="int32"):
+        Zfp(8).encode_numpy(np.arange(8, dtype=np.int32))
+    with pytest.raises(ValueError, match="does not hold 10 values"):
+        Zfp(8).decode_numpy(stream, 10, np.float32)

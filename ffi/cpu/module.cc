@@ -19,7 +19,7 @@ nb::capsule Capsule(T* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
-using Values = nb::ndarray<nb::numpy, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Values = nb::ndarray<nb::numpy, nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 void check_maxbits(bool f64, int maxbits) {
   bool ok = f64 ? jaxhc::zfp::valid_maxbits<double>(maxbits)
