@@ -266,7 +266,8 @@ class _Progress:
     def update(self, record: dict) -> None:
         if not self._progress:
             return
-        wire = " ".join(f"{a}={v / 1e6:.2f}" for a, v in record["wire_bytes"].items() if v)
+        # The mesh axes' traffic; scalar reductions (loss, grad norm) are a few bytes each.
+        wire = " ".join(f"{a}={v / 1e6:.2f}" for a, v in record["wire_bytes"].items() if v >= 1000)
         info = (
             f"loss {record['loss']:.4f}  {record['tokens_per_s']:.0f} tok/s  "
             f"wire MB/step {wire or '0'}"
