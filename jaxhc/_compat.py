@@ -27,7 +27,12 @@ def check_vma_enabled() -> bool:
     from jax._src import config
 
     flag = getattr(config, "_check_vma", None)
-    return bool(flag.value) if flag is not None else False
+    if flag is None:  # gradients depend on it: refuse to guess
+        raise RuntimeError(
+            f"jaxhc cannot tell whether shard_map checks vma in jax {jax.__version__} "
+            "(no jax._src.config._check_vma); please report this jax version"
+        )
+    return bool(flag.value)
 
 
 def make_varying(x, axes) -> jax.Array:
