@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 import jaxhc
-from jaxhc.parallel import init_state, initial_state, make_loss_and_grads, params_to_single, zero
+from jaxhc.parallel import (
+    init_state,
+    initial_state,
+    make_loss_and_grads,
+    make_train_step,
+    params_to_single,
+    zero,
+)
 from tests._gpt import (
     CFG,
     OPTIM,
@@ -151,3 +158,32 @@ def test_lr_schedule_warmup_then_cosine():
     want = {0: 1 / 3, 1: 2 / 3, 2: 1.0, 6: 0.55, 10: 0.1, 50: 0.1}
     for step, value in want.items():
         np.testing.assert_allclose(float(lr(step)), value, rtol=1e-6, err_msg=f"step {step}")
+
+
+def test_lossy_parameter_gather_does_not_compound():
+    """ZeRO keeps each chunk's exact master copy: a lossy param codec costs one round trip.
+
+    With a learning rate too small to move float32 parameters, the gathered parameters after
+    every step are the codec's round trip of the initial ones (not a round trip of a round trip),
+    and the master copies stay exactly the initial parameters.
+    """
+    cfg, mesh = mesh_of("2x2x2")
+    optim = dataclasses.replace(OPTIM, lr=1e-30, weight_decay=0.0, grad_clip=0.0)
+    policy = jaxhc.Policy.from_dict(
+        {"axes": {"data": {"codec": "off", "param": "zfp:4"}}, "min_bytes": 0}
+    )
+    state = init_state(CFG, cfg, optim, mesh, SEED)
+    initial = jax.device_get(params_to_single(state))
+    step = make_train_step(CFG, cfg, optim, mesh, policy)
+    after = []
+    for i in range(3):
+        state, _ = step(state, batch(i))
+        after.append(jax.device_get(params_to_single(state)))
+    flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])  # noqa: E731
+    # Parameters that start at 0 (biases) do move, by ~lr; compare the others.
+    moving = np.abs(flat(initial)) < 1e-20
+    first, last = flat(after[0])[~moving], flat(after[2])[~moving]
+    assert not np.array_equal(first, flat(initial)[~moving])  # the gather is lossy...
+    np.testing.assert_array_equal(last, first)  # ...once, not once per step
+    master = np.asarray(jax.device_get(state.opt_state["master"])).ravel()
+    assert set(master[np.abs(master) >= 1e-20]) <= set(flat(initial))

@@ -27,8 +27,9 @@ class TrainState:
     step:      int32 scalar, replicated: the number of updates applied so far.
     params:    the single-layout parameter tree (see `jaxhc.model.gpt`), sharded as in
                `jaxhc.parallel.layout`.
-    opt_state: optax AdamW state; its moments have shape (pipe, tensor, padded local parameter
-               count) and are split over "data" (ZeRO-1); its count is a replicated scalar.
+    opt_state: {"adam": optax AdamW state, "master": the exact parameters}; the moments and the
+               master copy have shape (pipe, tensor, padded local parameter count) and are split
+               over "data" (ZeRO-1); AdamW's count is a replicated scalar.
     """
 
     step: jax.Array

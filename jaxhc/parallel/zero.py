@@ -7,10 +7,12 @@ Per rank, per step (inside shard_map):
 2. the global gradient norm sums each chunk's squares over all ranks, counting a parameter that is
    replicated over "tensor" or "pipe" once (on rank 0 of that axis), and clips like
    `optax.clip_by_global_norm`;
-3. optax AdamW updates the chunk (its moments live only on this rank), with per-element weight
-   decay (matrices and embeddings only) and the warm-up + cosine learning rate;
+3. optax AdamW updates the chunk (its moments and the exact "master" copy of its parameters live
+   only on this rank), with per-element weight decay (matrices and embeddings only) and the
+   warm-up + cosine learning rate;
 4. the updated chunks are all-gathered over "data" with `jaxhc.all_gather(kind="param")`; every
-   rank, the owner included, uses the decoded values, so the replicas stay identical.
+   rank, the owner included, computes with the decoded values, so the replicas stay identical,
+   while the next update starts from the master copy, so a lossy param codec does not compound.
 
 `reference_optimizer` is the same update on one device, on the whole parameter tree (the oracle).
 """
@@ -56,9 +58,13 @@ def reference_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     return optax.chain(clip, adamw(cfg, lr_schedule(cfg), cfg.weight_decay, mask=decay_mask))
 
 
-def init_chunk(cfg: OptimConfig, chunk: jax.Array) -> optax.OptState:
-    """AdamW state of one rank's chunk (the decay and learning rate do not enter the state)."""
-    return adamw(cfg, cfg.lr, cfg.weight_decay).init(chunk)
+def init_chunk(cfg: OptimConfig, chunk: jax.Array) -> dict:
+    """Optimizer state of one rank's chunk: AdamW's (the decay and learning rate do not enter it)
+    and the exact "master" copy of the chunk's parameters (taken from the parameters at step 0)."""
+    return {
+        "adam": adamw(cfg, cfg.lr, cfg.weight_decay).init(chunk),
+        "master": jnp.zeros_like(chunk),
+    }
 
 
 def reduce_gradients(grads, layout: FlatLayout, policy) -> jax.Array:
@@ -93,11 +99,15 @@ def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig,
     if cfg.grad_clip > 0:  # the same expression as optax.clip_by_global_norm
         g = jnp.where(norm < cfg.grad_clip, g, g / norm * cfg.grad_clip)
     start = chunk_start(layout)
-    p = lax.dynamic_slice_in_dim(layout.flatten(params), start, layout.chunk)
+    # The update starts from this rank's exact master copy, not from the gathered parameters: those
+    # are the param codec's decoded values, and a lossy codec would re-quantize them every step.
+    gathered = lax.dynamic_slice_in_dim(layout.flatten(params), start, layout.chunk)
+    p = jnp.where(step == 0, gathered, opt_state["master"])
     decay = cfg.weight_decay * layout.per_element([*layout.decayed, False], start, layout.chunk)
     lr = lr_schedule(cfg)(step)
-    updates, opt_state = adamw(cfg, lr, decay).update(g, opt_state, p)
+    updates, adam = adamw(cfg, lr, decay).update(g, opt_state["adam"], p)
     p = optax.apply_updates(p, updates)
+    opt_state = {"adam": adam, "master": p}
     if jaxhc.axis_size("data") > 1:
         p = jaxhc.all_gather(p, "data", tiled=True, policy=policy, kind="param")
     return layout.unflatten(p), opt_state, norm, lr
