@@ -26,6 +26,11 @@ TINY = [
 ]
 
 
+def train(out, *args) -> int:
+    """`jaxhc train` of the tiny model into `out`; the exit status."""
+    return cli.main(["train", "--out", str(out), "--no-progress", *TINY, *args])
+
+
 def losses(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line)["loss"] for line in f]
@@ -39,12 +44,7 @@ def experiments():
 @pytest.mark.parametrize("path", experiments(), ids=os.path.basename)
 def test_every_shipped_experiment_runs_one_step_shrunk(path, tmp_path):
     out = tmp_path / "run"
-    assert (
-        cli.main(
-            ["train", "--config", path, "--steps", "1", "--out", str(out), "--no-progress", *TINY]
-        )
-        == 0
-    )
+    assert train(out, "--config", path, "--steps", "1") == 0
     record = json.loads(open(out / "metrics.jsonl").read())
     assert record["step"] == 0 and record["loss"] > 0 and record["val_loss"] > 0
     assert set(record["wire_bytes"]) >= {"data", "tensor", "pipe"}
@@ -56,31 +56,16 @@ def test_every_shipped_experiment_runs_one_step_shrunk(path, tmp_path):
 )
 def test_every_shipped_policy_trains_one_step(policy, tmp_path):
     out = tmp_path / "run"
-    assert (
-        cli.main(
-            [
-                "train",
-                "--compression",
-                policy,
-                "--steps",
-                "1",
-                "--out",
-                str(out),
-                "--no-progress",
-                *TINY,
-            ]
-        )
-        == 0
-    )
+    assert train(out, "--compression", policy, "--steps", "1") == 0
     assert losses(out)[0] > 0
 
 
 def test_resume_continues_bit_exactly(tmp_path):
-    common = ["--compression", "zhybrid", "--no-progress", "optim.total_steps=4", *TINY]
+    common = ["--compression", "zhybrid", "optim.total_steps=4"]
     full, part = tmp_path / "full", tmp_path / "part"
-    assert cli.main(["train", "--out", str(full), "train.steps=4", *common]) == 0
-    assert cli.main(["train", "--out", str(part), "train.steps=2", *common]) == 0
-    assert cli.main(["train", "--out", str(part), "train.steps=4", "--resume", *common]) == 0
+    assert train(full, "train.steps=4", *common) == 0
+    assert train(part, "train.steps=2", *common) == 0
+    assert train(part, "train.steps=4", "--resume", *common) == 0
     assert losses(part) == losses(full)  # bit-identical floats, steps 0..3
 
 
@@ -88,22 +73,7 @@ def test_report_writes_table_and_plots(tmp_path):
     runs = []
     for policy in ("none", "zfp8"):
         runs.append(str(tmp_path / policy))
-        assert (
-            cli.main(
-                [
-                    "train",
-                    "--compression",
-                    policy,
-                    "--steps",
-                    "2",
-                    "--out",
-                    runs[-1],
-                    "--no-progress",
-                    *TINY,
-                ]
-            )
-            == 0
-        )
+        assert train(runs[-1], "--compression", policy, "--steps", "2") == 0
     assert cli.main(["report", *runs, "--out", str(tmp_path / "report")]) == 0
     text = open(tmp_path / "report" / "report.md").read()
     assert "| none | none |" in text and "| zfp8 | zfp8 |" in text
@@ -127,15 +97,14 @@ def test_report_writes_table_and_plots(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_error_naming_the_key(args, culprit, tmp_path, capsys):
-    assert cli.main(["train", "--out", str(tmp_path / "r"), "--no-progress", *TINY, *args]) == 2
+    assert train(tmp_path / "r", *args) == 2
     err = capsys.readouterr().err.strip()
     assert culprit in err and len(err.splitlines()) == 1, err
 
 
 def test_refuses_to_overwrite_a_run(tmp_path, capsys):
-    out = str(tmp_path / "r")
-    assert cli.main(["train", "--steps", "1", "--out", out, "--no-progress", *TINY]) == 0
-    assert cli.main(["train", "--steps", "1", "--out", out, "--no-progress", *TINY]) == 2
+    assert train(tmp_path / "r", "--steps", "1") == 0
+    assert train(tmp_path / "r", "--steps", "1") == 2
     assert "already holds a run" in capsys.readouterr().err
 
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxhc._checks import split_dim
 from jaxhc.codecs import Codec, CodecLike
 from jaxhc.collectives import _common as c
 from jaxhc.transport import current as transport
@@ -65,16 +66,10 @@ def _plain(x, axis_name, split_axis, concat_axis, tiled, kind):
 
 
 def _check_axes(x, split_axis, concat_axis, tiled, parts):
-    if not -x.ndim <= split_axis < x.ndim:
-        raise ValueError(f"jaxhc.all_to_all: split_axis {split_axis} out of range for {x.shape}")
+    where = "jaxhc.all_to_all"
     if not -x.ndim <= concat_axis < x.ndim:
-        raise ValueError(f"jaxhc.all_to_all: concat_axis {concat_axis} out of range for {x.shape}")
-    split_axis %= x.ndim
-    size = x.shape[split_axis]
-    if (tiled and size % parts) or (not tiled and size != parts):
-        need = f"a multiple of {parts}" if tiled else f"equal to the axis size {parts}"
-        raise ValueError(f"jaxhc.all_to_all: split axis {split_axis} of {x.shape} must be {need}")
-    return split_axis, concat_axis % x.ndim
+        raise ValueError(f"{where}: concat_axis {concat_axis} out of range for shape {x.shape}")
+    return split_dim(x, split_axis, tiled, parts, where, "split_axis"), concat_axis % x.ndim
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))

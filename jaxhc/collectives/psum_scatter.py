@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+from jaxhc._checks import split_dim
 from jaxhc.codecs import CodecLike
 from jaxhc.collectives import _common as c
 from jaxhc.collectives._gather_scatter import scatter, scatter_plain
@@ -56,11 +57,4 @@ def _one(x, axis_name, dim, tiled, codec, policy, kind):
 
 
 def _check_dim(x, dim, tiled, parts):
-    if not -x.ndim <= dim < x.ndim:
-        raise ValueError(f"jaxhc.psum_scatter: scatter_dimension {dim} out of range for {x.shape}")
-    dim %= x.ndim
-    size = x.shape[dim]
-    if (tiled and size % parts) or (not tiled and size != parts):
-        need = f"a multiple of {parts}" if tiled else f"equal to the axis size {parts}"
-        raise ValueError(f"jaxhc.psum_scatter: dimension {dim} of shape {x.shape} must be {need}")
-    return dim
+    return split_dim(x, dim, tiled, parts, "jaxhc.psum_scatter", "scatter_dimension")

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxhc._checks import split_dim
 from jaxhc._compat import axis_tuple
 from jaxhc.transport._base import Transport
 
@@ -352,15 +353,9 @@ _all_gather.defvjp(
 def _psum_scatter(x, t: MpiTransport, axis_name, dim, tiled):
     x = jnp.asarray(x)
     parts = t.axis_size(axis_name)
-    if not -x.ndim <= dim < x.ndim:
-        raise ValueError(f"psum_scatter: scatter_dimension {dim} out of range for {x.shape}")
-    dim %= x.ndim
-    size = x.shape[dim]
-    if (tiled and size % parts) or (not tiled and size != parts):
-        need = f"a multiple of {parts}" if tiled else f"equal to the axis size {parts}"
-        raise ValueError(f"psum_scatter: dimension {dim} of shape {x.shape} must be {need}")
+    dim = split_dim(x, dim, tiled, parts, "psum_scatter", "scatter_dimension")
     moved = jnp.moveaxis(x, dim, 0)
-    chunk = (size // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
+    chunk = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
     if parts == 1:
         mine = moved.reshape(chunk)
     else:
