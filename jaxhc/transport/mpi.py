@@ -154,7 +154,12 @@ class MpiTransport(Transport):
         return self.grid.axis_size(axis_name)
 
     def axis_index(self, axis_name) -> jax.Array:
-        return jnp.asarray(self.grid.axis_index(axis_name), jnp.int32)
+        # Known when tracing here, but a runtime value (from the partition id) in XLA's SPMD
+        # module. Hidden from constant folding, it leaves XLA:CPU the same module to fuse (no
+        # branch on the pipeline stage folded away), so the float math rounds as on the XLA
+        # transport: training losses match bit for bit (tests/test_train_mpi.py).
+        index = jnp.asarray(self.grid.axis_index(axis_name), jnp.int32)
+        return jax.lax.optimization_barrier(index)
 
     def all_agree(self, flag, axis_name):
         flag = jnp.asarray(flag).astype(jnp.int32)
