@@ -178,8 +178,12 @@ class Launcher:
 
     # --- running per-shard functions ----------------------------------------------------------
 
-    def shard_map(self, fn: Callable, *, in_specs, out_specs) -> Callable:
-        """A jitted step running `fn` on every shard; call it with values made by `put`."""
+    def shard_map(self, fn: Callable, *, in_specs, out_specs, donate_argnums=()) -> Callable:
+        """A jitted step running `fn` on every shard; call it with values made by `put`.
+
+        `donate_argnums` as in `jax.jit`: those arguments' buffers may hold the results (a train
+        state updated in place); do not use a donated argument after the call.
+        """
         transport = self.transport
 
         @functools.wraps(fn)
@@ -195,14 +199,14 @@ class Launcher:
                 out_specs=out_specs,
                 check_vma=self.check_vma,
             )
-            jitted = jax.jit(mapped)
+            jitted = jax.jit(mapped, donate_argnums=donate_argnums)
 
             def step_xla(*args):
                 return jitted(*self.put(args, in_specs))
 
             return functools.wraps(fn)(step_xla)
 
-        jitted = jax.jit(traced)
+        jitted = jax.jit(traced, donate_argnums=donate_argnums)
         name = getattr(fn, "__qualname__", repr(fn))
         control = self.grid.control
 

@@ -125,6 +125,7 @@ class MpiRunner(Runner):
             per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy),
             in_specs=(self.specs, P("data")),
             out_specs=(self.specs, METRIC_SPECS),
+            donate_argnums=0,  # the state is updated in place, as the XLA loop's is
         )
         self._eval = self.launcher.shard_map(
             per_shard_eval_loss(cfg.model, cfg.mesh, policy),
