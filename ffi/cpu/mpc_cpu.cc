@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ffi_args.h"
 #include "core/mpc.h"
 #include "cpu/handlers.h"
 #include "cpu/parallel.h"
@@ -57,44 +58,6 @@ template <typename U>
 JAXHC_CLONES Status DecodeChunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
                                 ChunkBuffers<U>& b) {
   return decode_chunk<U>(s, size, m, dim, x, b);
-}
-
-// rows = product of the leading dimensions, last = the item dimension.
-struct Rows {
-  size_t rows = 1;
-  uint64_t last = 0;
-};
-
-Rows SplitRows(ffi::AnyBuffer::Dimensions d) {
-  Rows r;
-  for (size_t i = 0; i + 1 < d.size(); ++i) r.rows *= size_t(d[i]);
-  r.last = d.size() ? uint64_t(d.back()) : 0;
-  return r;
-}
-
-// True when `b` has the leading dimensions of `a`, plus an item dimension when `item` is set.
-bool SameBatch(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b, bool item) {
-  if (a.size() == 0 || b.size() != a.size() - (item ? 0 : 1)) return false;
-  for (size_t i = 0; i + 1 < a.size(); ++i)
-    if (a[i] != b[i]) return false;
-  return true;
-}
-
-// Only the bits are coded, so any 16/32/64-bit element type works; floats need no bitcast (which
-// XLA:CPU would run as a copy).
-uint32_t WordBytes(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::U16: case ffi::DataType::S16: case ffi::DataType::F16:
-    case ffi::DataType::BF16: return 2;
-    case ffi::DataType::U32: case ffi::DataType::S32: case ffi::DataType::F32: return 4;
-    case ffi::DataType::U64: case ffi::DataType::S64: case ffi::DataType::F64: return 8;
-    default: return 0;
-  }
-}
-
-ffi::Error CheckCommon(const char* op, uint64_t n, uint32_t wb, int64_t dim, uint64_t capacity) {
-  std::string why = check_sizes(n, wb, dim, capacity);
-  return why.empty() ? ffi::Error::Success() : Invalid(std::string(op) + ": " + why);
 }
 
 // Contiguous runs of chunks [begin(p), begin(p + 1)) for `parts` threads.
@@ -210,43 +173,34 @@ Failure DecodeRow(const uint8_t* payload, uint64_t capacity, uint64_t n, uint32_
 }
 
 template <typename U>
-ffi::Error Encode(ffi::AnyBuffer x, uint64_t capacity, int64_t dim, size_t rows, uint8_t* payload,
-                  int32_t* nbytes, uint8_t* scratch) {
-  const uint64_t n = SplitRows(x.dimensions()).last, sbytes = scratch_bytes(n, sizeof(U));
-  const U* words = static_cast<const U*>(x.untyped_data());
-  ForRows(rows, chunk_count(n), [&](size_t r, size_t parts) {
-    nbytes[r] = EncodeRow<U>(words + r * n, n, uint32_t(dim), payload + r * capacity, capacity,
+void Encode(const Batch& b, int64_t dim, const void* x, uint8_t* payload, int32_t* nbytes,
+            uint8_t* scratch) {
+  const uint64_t n = b.n, sbytes = scratch_bytes(n, sizeof(U));
+  const U* words = static_cast<const U*>(x);
+  ForRows(b.rows, chunk_count(n), [&](size_t r, size_t parts) {
+    nbytes[r] = EncodeRow<U>(words + r * n, n, uint32_t(dim), payload + r * b.capacity, b.capacity,
                              scratch + r * sbytes, parts);
   });
-  return ffi::Error::Success();
 }
 
 ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
                       ffi::Result<ffi::Buffer<ffi::S32>> nbytes,
                       ffi::Result<ffi::Buffer<ffi::U8>> scratch, int64_t dim) {
-  const Rows r = SplitRows(x.dimensions());
-  const uint32_t wb = WordBytes(x.element_type());
-  const uint64_t capacity = SplitRows(payload->dimensions()).last;
-  if (ffi::Error e = CheckCommon("encode", r.last, wb, dim, capacity); e.failure()) return e;
-  if (payload->element_type() != ffi::DataType::U8 ||
-      !SameBatch(x.dimensions(), payload->dimensions(), true))
-    return Invalid("encode: payload must be uint8 with the batch dimensions of x");
-  if (!SameBatch(x.dimensions(), nbytes->dimensions(), false))
-    return Invalid("encode: nbytes must be int32 with the batch dimensions of x");
-  if (!SameBatch(x.dimensions(), scratch->dimensions(), true) ||
-      uint64_t(scratch->dimensions().back()) != scratch_bytes(r.last, wb))
-    return Invalid("encode: scratch must be uint8[..., " +
-                   std::to_string(scratch_bytes(r.last, wb)) + "]");
+  Batch b;
+  std::string why =
+      check_encode_args(x, *payload, nbytes->dimensions(), scratch->dimensions(), dim, &b);
+  if (!why.empty()) return Invalid("encode: " + why);
   uint8_t* p = static_cast<uint8_t*>(payload->untyped_data());
   int32_t* nb = nbytes->typed_data();
   uint8_t* s = scratch->typed_data();
   PreferHugePages(p, payload->size_bytes());
   PreferHugePages(s, scratch->size_bytes());
-  switch (wb) {
-    case 2: return Encode<uint16_t>(x, capacity, dim, r.rows, p, nb, s);
-    case 4: return Encode<uint32_t>(x, capacity, dim, r.rows, p, nb, s);
-    default: return Encode<uint64_t>(x, capacity, dim, r.rows, p, nb, s);
+  switch (b.wb) {
+    case 2: Encode<uint16_t>(b, dim, x.untyped_data(), p, nb, s); break;
+    case 4: Encode<uint32_t>(b, dim, x.untyped_data(), p, nb, s); break;
+    default: Encode<uint64_t>(b, dim, x.untyped_data(), p, nb, s); break;
   }
+  return ffi::Error::Success();
 }
 
 template <typename U>
@@ -269,23 +223,18 @@ ffi::Error Decode(const uint8_t* payload, uint64_t capacity, int64_t dim, bool s
 
 ffi::Error DecodeImpl(ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x,
                       ffi::Result<ffi::Buffer<ffi::S32>> status, int64_t dim, int64_t strict) {
-  const Rows r = SplitRows(x->dimensions());
-  const uint32_t wb = WordBytes(x->element_type());
-  const uint64_t capacity = SplitRows(payload.dimensions()).last;
-  if (ffi::Error e = CheckCommon("decode", r.last, wb, dim, capacity); e.failure()) return e;
-  if (payload.element_type() != ffi::DataType::U8 ||
-      !SameBatch(x->dimensions(), payload.dimensions(), true))
-    return Invalid("decode: payload must be uint8 with the batch dimensions of x");
-  if (!SameBatch(x->dimensions(), status->dimensions(), false))
-    return Invalid("decode: status must be int32 with the batch dimensions of x");
+  Batch b;
+  std::string why = check_decode_args(payload, *x, status->dimensions(), dim, &b);
+  if (!why.empty()) return Invalid("decode: " + why);
   const uint8_t* p = static_cast<const uint8_t*>(payload.untyped_data());
   void* out = x->untyped_data();
   int32_t* st = status->typed_data();
+  const bool s = strict != 0;
   PreferHugePages(out, x->size_bytes());
-  switch (wb) {
-    case 2: return Decode(p, capacity, dim, strict != 0, r.rows, r.last, (uint16_t*)out, st);
-    case 4: return Decode(p, capacity, dim, strict != 0, r.rows, r.last, (uint32_t*)out, st);
-    default: return Decode(p, capacity, dim, strict != 0, r.rows, r.last, (uint64_t*)out, st);
+  switch (b.wb) {
+    case 2: return Decode(p, b.capacity, dim, s, b.rows, b.n, static_cast<uint16_t*>(out), st);
+    case 4: return Decode(p, b.capacity, dim, s, b.rows, b.n, static_cast<uint32_t*>(out), st);
+    default: return Decode(p, b.capacity, dim, s, b.rows, b.n, static_cast<uint64_t*>(out), st);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "core/ffi_args.h"
 #include "core/zfp.h"
 #include "cpu/handlers.h"
 #include "cpu/parallel.h"
@@ -218,20 +219,12 @@ ffi::Error invalid(const char* op, const std::string& msg) {
   return ffi::Error::InvalidArgument(std::string(op) + ": " + msg);
 }
 
-bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
-
 template <typename Scalar>
 ffi::Error encode_typed(ffi::AnyBuffer x, ffi::AnyBuffer payload, ffi::AnyBuffer finite,
                         int64_t maxbits) {
   Rows r;
-  auto fdims = finite.dimensions();
-  std::string err = jaxhc::zfp::check_rows<Scalar>(x.dimensions(), payload.dimensions(), &fdims,
-                                                   maxbits, &r);
+  std::string err = jaxhc::zfp::check_encode_args<Scalar>(x, payload, finite, maxbits, &r);
   if (!err.empty()) return invalid("jaxhc_zfp_encode", err);
-  if (payload.element_type() != ffi::DataType::U8 || finite.element_type() != ffi::DataType::PRED)
-    return invalid("jaxhc_zfp_encode", "results must be (uint8 payload, bool finite)");
-  if (!aligned8(payload.untyped_data()))
-    return invalid("jaxhc_zfp_encode", "payload buffer is not 8-byte aligned");
   encode_rows(static_cast<const Scalar*>(x.untyped_data()),
               static_cast<uint64_t*>(payload.untyped_data()),
               static_cast<bool*>(finite.untyped_data()), r, static_cast<int>(maxbits));
@@ -241,14 +234,8 @@ ffi::Error encode_typed(ffi::AnyBuffer x, ffi::AnyBuffer payload, ffi::AnyBuffer
 template <typename Scalar>
 ffi::Error decode_typed(ffi::AnyBuffer payload, ffi::AnyBuffer x, int64_t maxbits) {
   Rows r;
-  std::string err = jaxhc::zfp::check_rows<Scalar>(
-      x.dimensions(), payload.dimensions(), static_cast<ffi::AnyBuffer::Dimensions*>(nullptr),
-      maxbits, &r);
+  std::string err = jaxhc::zfp::check_decode_args<Scalar>(payload, x, maxbits, &r);
   if (!err.empty()) return invalid("jaxhc_zfp_decode", err);
-  if (payload.element_type() != ffi::DataType::U8)
-    return invalid("jaxhc_zfp_decode", "payload must be uint8");
-  if (!aligned8(payload.untyped_data()))
-    return invalid("jaxhc_zfp_decode", "payload buffer is not 8-byte aligned");
   decode_rows(static_cast<const uint64_t*>(payload.untyped_data()),
               static_cast<Scalar*>(x.untyped_data()), r, static_cast<int>(maxbits));
   return ffi::Error::Success();

@@ -13,6 +13,7 @@
 #include <cub/block/block_scan.cuh>
 #include <string>
 
+#include "core/ffi_args.h"
 #include "core/mpc.h"
 #include "cuda/handlers.h"
 
@@ -282,33 +283,6 @@ __global__ void FinishStatus(int32_t* status, uint64_t rows) {
 
 ffi::Error Invalid(const std::string& what) { return ffi::Error::InvalidArgument("mpc " + what); }
 
-uint32_t WordBytes(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::U16: case ffi::DataType::S16: case ffi::DataType::F16:
-    case ffi::DataType::BF16: return 2;
-    case ffi::DataType::U32: case ffi::DataType::S32: case ffi::DataType::F32: return 4;
-    case ffi::DataType::U64: case ffi::DataType::S64: case ffi::DataType::F64: return 8;
-    default: return 0;
-  }
-}
-
-// rows (product of the leading dims) and last dim of a buffer; false without dims.
-bool Rows(ffi::AnyBuffer::Dimensions d, uint64_t* rows, uint64_t* last) {
-  if (d.size() == 0) return false;
-  *rows = 1;
-  for (size_t i = 0; i + 1 < d.size(); ++i) *rows *= uint64_t(d[i]);
-  *last = uint64_t(d.back());
-  return true;
-}
-
-// True when `b` has the leading dimensions of `a`, plus an item dimension when `item` is set.
-bool SameBatch(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b, bool item) {
-  if (a.size() == 0 || b.size() != a.size() - (item ? 0 : 1)) return false;
-  for (size_t i = 0; i + 1 < a.size(); ++i)
-    if (a[i] != b[i]) return false;
-  return true;
-}
-
 ffi::Error Launched(const char* op) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return ffi::Error::Success();
@@ -333,21 +307,12 @@ void LaunchEncode(cudaStream_t s, const void* x, uint64_t rows, uint64_t n, uint
 ffi::Error Encode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
                   ffi::Result<ffi::Buffer<ffi::S32>> nbytes,
                   ffi::Result<ffi::Buffer<ffi::U8>> scratch, int64_t dim) {
-  uint64_t rows, n, prow, cap, srow, sb;
-  const uint32_t wb = WordBytes(x.element_type());
-  if (!Rows(x.dimensions(), &rows, &n) || !Rows(payload->dimensions(), &prow, &cap))
-    return Invalid("encode: x and payload need an item dimension");
-  if (std::string why = check_sizes(n, wb, dim, cap); !why.empty())
-    return Invalid("encode: " + why);
-  if (payload->element_type() != ffi::DataType::U8 ||
-      !SameBatch(x.dimensions(), payload->dimensions(), true))
-    return Invalid("encode: payload must be uint8 with the batch dimensions of x");
-  if (!SameBatch(x.dimensions(), nbytes->dimensions(), false))
-    return Invalid("encode: nbytes must be int32 with the batch dimensions of x");
-  if (!Rows(scratch->dimensions(), &srow, &sb) ||
-      !SameBatch(x.dimensions(), scratch->dimensions(), true) || sb != scratch_bytes(n, wb))
-    return Invalid("encode: scratch must be uint8[..., " + std::to_string(scratch_bytes(n, wb)) +
-                   "]");
+  Batch b;
+  std::string why =
+      check_encode_args(x, *payload, nbytes->dimensions(), scratch->dimensions(), dim, &b);
+  if (!why.empty()) return Invalid("encode: " + why);
+  const uint64_t rows = b.rows, n = b.n, cap = b.capacity;
+  const uint32_t wb = b.wb;
   if (rows == 0) return ffi::Error::Success();
   uint8_t* p = static_cast<uint8_t*>(payload->untyped_data());
   int32_t* nb = nbytes->typed_data();
@@ -375,17 +340,11 @@ void LaunchDecode(cudaStream_t s, const uint8_t* payload, uint64_t rows, uint64_
 
 ffi::Error Decode(cudaStream_t stream, ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x,
                   ffi::Result<ffi::Buffer<ffi::S32>> status, int64_t dim, int64_t /*strict*/) {
-  uint64_t rows, n, prow, cap;
-  const uint32_t wb = WordBytes(x->element_type());
-  if (!Rows(x->dimensions(), &rows, &n) || !Rows(payload.dimensions(), &prow, &cap))
-    return Invalid("decode: x and payload need an item dimension");
-  if (std::string why = check_sizes(n, wb, dim, cap); !why.empty())
-    return Invalid("decode: " + why);
-  if (payload.element_type() != ffi::DataType::U8 ||
-      !SameBatch(x->dimensions(), payload.dimensions(), true))
-    return Invalid("decode: payload must be uint8 with the batch dimensions of x");
-  if (!SameBatch(x->dimensions(), status->dimensions(), false))
-    return Invalid("decode: status must be int32 with the batch dimensions of x");
+  Batch b;
+  std::string why = check_decode_args(payload, *x, status->dimensions(), dim, &b);
+  if (!why.empty()) return Invalid("decode: " + why);
+  const uint64_t rows = b.rows, n = b.n, cap = b.capacity;
+  const uint32_t wb = b.wb;
   if (rows == 0) return ffi::Error::Success();
   const uint8_t* p = static_cast<const uint8_t*>(payload.untyped_data());
   int32_t* st = status->typed_data();

@@ -13,6 +13,7 @@
 
 #include <string>
 
+#include "core/ffi_args.h"
 #include "core/zfp.h"
 #include "cuda/handlers.h"
 
@@ -72,20 +73,13 @@ ffi::Error launched(const char* op) {
   return ffi::Error(ffi::ErrorCode::kInternal, std::string(op) + ": " + cudaGetErrorString(err));
 }
 
-bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
-
 template <typename Scalar>
 ffi::Error encode_typed(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer payload,
                         ffi::AnyBuffer finite, int64_t maxbits) {
   const char* op = "jaxhc_zfp_encode";
   Rows r;
-  auto fdims = finite.dimensions();
-  std::string err = jaxhc::zfp::check_rows<Scalar>(x.dimensions(), payload.dimensions(), &fdims,
-                                                   maxbits, &r);
+  std::string err = jaxhc::zfp::check_encode_args<Scalar>(x, payload, finite, maxbits, &r);
   if (!err.empty()) return invalid(op, err);
-  if (payload.element_type() != ffi::DataType::U8 || finite.element_type() != ffi::DataType::PRED)
-    return invalid(op, "results must be (uint8 payload, bool finite)");
-  if (!aligned8(payload.untyped_data())) return invalid(op, "payload buffer is not 8-byte aligned");
   if (cudaMemsetAsync(finite.untyped_data(), 1, r.rows, stream) != cudaSuccess) return launched(op);
   uint64_t items = r.rows * (r.bytes / 8);
   if (items)
@@ -101,12 +95,8 @@ ffi::Error decode_typed(cudaStream_t stream, ffi::AnyBuffer payload, ffi::AnyBuf
                         int64_t maxbits) {
   const char* op = "jaxhc_zfp_decode";
   Rows r;
-  std::string err = jaxhc::zfp::check_rows<Scalar>(
-      x.dimensions(), payload.dimensions(), static_cast<ffi::AnyBuffer::Dimensions*>(nullptr),
-      maxbits, &r);
+  std::string err = jaxhc::zfp::check_decode_args<Scalar>(payload, x, maxbits, &r);
   if (!err.empty()) return invalid(op, err);
-  if (payload.element_type() != ffi::DataType::U8) return invalid(op, "payload must be uint8");
-  if (!aligned8(payload.untyped_data())) return invalid(op, "payload buffer is not 8-byte aligned");
   uint64_t items = r.rows * ((r.n + 3) / 4);
   if (items)
     decode_kernel<Scalar><<<grid_for(items), kThreads, 0, stream>>>(
