@@ -1,4 +1,4 @@
-"""Argument checks shared by the collectives and the transports (jax.lax's rules, clear errors)."""
+"""Argument checks shared across jaxhc: one-line errors that name the culprit."""
 
 from __future__ import annotations
 
@@ -13,3 +13,10 @@ def split_dim(x, dim: int, tiled: bool, parts: int, where: str, name: str = "dim
         need = f"a multiple of {parts}" if tiled else f"equal to the axis size {parts}"
         raise ValueError(f"{where}: dimension {dim} of shape {x.shape} must be {need}")
     return dim
+
+
+def whole_number(key: str, value, least: int = 1) -> None:
+    """`value` (of config key `key`) must be an int, not a bool, and at least `least`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        need = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ValueError(f"{key}={value!r} must be {need}")

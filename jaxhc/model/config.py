@@ -10,6 +10,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from jaxhc._checks import whole_number
+
 AXES = ("data", "tensor", "pipe")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -31,7 +33,7 @@ class GPTConfig:
 
     def __post_init__(self):
         for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            _positive_int(f"model.{key}", getattr(self, key))
+            whole_number(f"model.{key}", getattr(self, key))
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}"
@@ -61,7 +63,7 @@ class MeshConfig:
 
     def __post_init__(self):
         for key in (*AXES, "microbatches"):
-            _positive_int(f"mesh.{key}", getattr(self, key))
+            whole_number(f"mesh.{key}", getattr(self, key))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -100,9 +102,8 @@ class OptimConfig:
         for key in ("weight_decay", "grad_clip"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"optim.{key}={getattr(self, key)} must be >= 0")
-        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
-            raise ValueError(f"optim.warmup_steps={self.warmup_steps!r} must be an integer >= 0")
-        _positive_int("optim.total_steps", self.total_steps)
+        whole_number("optim.warmup_steps", self.warmup_steps, least=0)
+        whole_number("optim.total_steps", self.total_steps)
 
 
 def validate(
@@ -136,8 +137,3 @@ def validate(
             f"mesh data x tensor x pipe = {mesh.data} x {mesh.tensor} x {mesh.pipe} = {mesh.size} "
             f"does not match the {n_devices} devices"
         )
-
-
-def _positive_int(key: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key}={value!r} must be a positive integer")

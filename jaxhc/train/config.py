@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from jaxhc._checks import whole_number
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig
 from jaxhc.policy import Policy
 
@@ -35,11 +36,8 @@ class TrainConfig:
             "ckpt_every",
             "keep_checkpoints",
         ):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"train.{key}={value!r} must be a positive integer")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"train.seed={self.seed!r} must be an integer >= 0")
+            whole_number(f"train.{key}", getattr(self, key))
+        whole_number("train.seed", self.seed, least=0)
 
 
 SECTIONS = {"model": GPTConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig}
