@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jaxhc
@@ -188,33 +187,18 @@ def bits_equal(a, b) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
-def raw_body(axes):
-    """The raw (codec=None) collectives on several dtypes, over all axes together."""
+def raw_body(axes, ops=jaxhc):
+    """The raw (codec=None) collectives on several dtypes, over all axes together, through `ops`:
+    jaxhc (either transport), or jax.lax directly (the oracle for the XLA transport)."""
     ax = tuple(axes)
 
     def body(xs):
         out = {}
         for name, x in xs.items():
-            out[f"psum/{name}"] = jaxhc.psum(x, ax)
-            out[f"psum_scatter/{name}"] = jaxhc.psum_scatter(x, ax, scatter_dimension=1, tiled=True)
-            out[f"all_gather/{name}"] = jaxhc.all_gather(x, ax, axis=1, tiled=True)
-            out[f"all_to_all/{name}"] = jaxhc.all_to_all(x, ax, 1, 0, tiled=True)
-        return {k: v[None] for k, v in out.items()}
-
-    return body
-
-
-def lax_reference_body(axes):
-    """The same raw collectives through jax.lax directly (the oracle for the XLA transport)."""
-    ax = tuple(axes)
-
-    def body(xs):
-        out = {}
-        for name, x in xs.items():
-            out[f"psum/{name}"] = lax.psum(x, ax)
-            out[f"psum_scatter/{name}"] = lax.psum_scatter(x, ax, scatter_dimension=1, tiled=True)
-            out[f"all_gather/{name}"] = lax.all_gather(x, ax, axis=1, tiled=True)
-            out[f"all_to_all/{name}"] = lax.all_to_all(x, ax, 1, 0, tiled=True)
+            out[f"psum/{name}"] = ops.psum(x, ax)
+            out[f"psum_scatter/{name}"] = ops.psum_scatter(x, ax, scatter_dimension=1, tiled=True)
+            out[f"all_gather/{name}"] = ops.all_gather(x, ax, axis=1, tiled=True)
+            out[f"all_to_all/{name}"] = ops.all_to_all(x, ax, 1, 0, tiled=True)
         return {k: v[None] for k, v in out.items()}
 
     return body

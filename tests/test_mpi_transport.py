@@ -165,7 +165,7 @@ def test_raw_dtypes_match_lax(shape):
     ref = None
     if RANK == 0:
         ref = jaxhc.Launcher(mesh, "xla").run(
-            h.lax_reference_body(tuple(mesh)), xs, in_specs=spec, out_specs=spec, fetch=True
+            h.raw_body(tuple(mesh), jax.lax), xs, in_specs=spec, out_specs=spec, fetch=True
         )
     ref = WORLD.bcast(ref, root=0)
     got = jaxhc.Launcher(mesh, "mpi").run(
