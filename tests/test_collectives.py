@@ -241,35 +241,22 @@ def test_policy_min_bytes_and_kinds():
     policy = jaxhc.Policy.from_dict(
         {"min_bytes": 1024, "axes": {"x": {"codec": "zfp:8", "act": "off"}}}
     )
+
+    def psum_of(kind):
+        return jax.jit(
+            jax.shard_map(
+                lambda a: jaxhc.psum(a, axis, policy=policy, kind=kind),
+                mesh=mesh,
+                in_specs=jax.P("x"),
+                out_specs=jax.P("x"),
+            )
+        )
+
     x = smooth_data(mesh)  # 768 bytes per shard: under min_bytes -> plain
-    small = jax.jit(
-        jax.shard_map(
-            lambda a: jaxhc.psum(a, axis, policy=policy, kind="grad"),
-            mesh=mesh,
-            in_specs=jax.P("x"),
-            out_specs=jax.P("x"),
-        )
-    )
-    assert "jaxhc_zfp" not in small.lower(x).as_text()
+    assert "jaxhc_zfp" not in psum_of("grad").lower(x).as_text()
     big = jnp.tile(x, (1, 2, 1))  # 1536 bytes per shard
-    grad_fn = jax.jit(
-        jax.shard_map(
-            lambda a: jaxhc.psum(a, axis, policy=policy, kind="grad"),
-            mesh=mesh,
-            in_specs=jax.P("x"),
-            out_specs=jax.P("x"),
-        )
-    )
-    act_fn = jax.jit(
-        jax.shard_map(
-            lambda a: jaxhc.psum(a, axis, policy=policy, kind="act"),
-            mesh=mesh,
-            in_specs=jax.P("x"),
-            out_specs=jax.P("x"),
-        )
-    )
-    assert "jaxhc_zfp_encode" in grad_fn.lower(big).as_text()
-    assert "jaxhc_zfp" not in act_fn.lower(big).as_text()
+    assert "jaxhc_zfp_encode" in psum_of("grad").lower(big).as_text()
+    assert "jaxhc_zfp" not in psum_of("act").lower(big).as_text()
 
 
 def _collective_bytes(hlo: str, op: str) -> list[int]:
