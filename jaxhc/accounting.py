@@ -84,13 +84,6 @@ class Ledger:
             for k, t in sorted(out.items())
         }
 
-    def totals(self, devices: int = 1) -> dict[str, float]:
-        agg = Tally()
-        for t in self.per_axis(devices).values():
-            for f in dataclasses.fields(agg):
-                setattr(agg, f.name, getattr(agg, f.name) + t[f.name])
-        return dataclasses.asdict(agg)
-
 
 def _dispatch(axis: str, kind: str, raw: float, wire: float, fallback: bool) -> None:
     with _LOCK:
