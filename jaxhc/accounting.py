@@ -107,19 +107,28 @@ def disabled():
         _STATE.enabled = prev
 
 
-def record(
-    axis_name, kind: str | None, raw: float, wire: float, fallback: bool = False, anchor=None
-) -> None:
+def record(axis_name, kind: str | None, raw: float, wire, fallback=False, anchor=None) -> None:
     """Called by collectives while tracing: emits a callback that tallies one execution.
 
-    `anchor` (the collective's result) makes the callback depend on data the collective produced:
-    without it, JAX hoists the callback out of a `lax.scan` under `jax.grad` as loop-invariant, and
-    it would run once instead of once per iteration.
+    `raw` is known when tracing; `wire` and `fallback` may be too (floats, bools) or be traced
+    values that the transport reports at run time (the fused MPI collectives). `anchor` (the
+    collective's result) makes the callback depend on data the collective produced: without it,
+    JAX hoists the callback out of a `lax.scan` under `jax.grad` as loop-invariant, and it would
+    run once instead of once per iteration.
     """
     if not enabled():
         return
     axis = ",".join(axis_name) if isinstance(axis_name, (tuple, list)) else str(axis_name)
     args = (anchor.reshape(-1)[:1],) if anchor is not None and anchor.size else ()
+    kind = kind or "other"
+    if isinstance(wire, jax.Array) or isinstance(fallback, jax.Array):
+        jax.debug.callback(
+            lambda w, f, *_: _dispatch(axis, kind, float(raw), float(w), bool(f)),
+            wire,
+            fallback,
+            *args,
+        )
+        return
     jax.debug.callback(
-        lambda *_: _dispatch(axis, kind or "other", float(raw), float(wire), bool(fallback)), *args
+        lambda *_: _dispatch(axis, kind, float(raw), float(wire), bool(fallback)), *args
     )

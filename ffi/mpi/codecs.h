@@ -1,0 +1,32 @@
+// The segment codecs of the fused MPI collectives, on the CPU module's kernels.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "mpi/engine.h"
+
+namespace jaxhc {
+namespace mpi {
+
+// Fixed-rate ZFP: the same stream as the jaxhc_zfp_encode handler, one segment at a time.
+// bfloat16 values are coded as float32 (widened on the way in, rounded on the way out).
+class ZfpSegments final : public SegmentCodec {
+ public:
+  explicit ZfpSegments(int maxbits) : maxbits_(maxbits) {}
+  uint64_t align() const override { return 256; }  // 64 blocks: whole 64-bit words at any rate
+  uint64_t capacity(uint64_t count) const override;
+  bool may_send_raw() const override { return false; }
+  Result encode(const void* src, Elem e, uint64_t count, uint8_t* out, uint64_t* bytes) override;
+  bool decode(const uint8_t* in, uint64_t bytes, Elem e, uint64_t count, void* dst) override;
+  bool decode_sum(const uint8_t* const* in, const uint64_t* bytes, const bool* raw, int parts,
+                  Elem e, uint64_t count, void* dst) override;
+
+ private:
+  float* wide(uint64_t count, int which);  // float32 scratch for bfloat16 values
+  int maxbits_;
+  std::vector<float> wide_[2];
+  std::vector<uint8_t> pieces_;
+};
+
+}  // namespace mpi
+}  // namespace jaxhc
