@@ -55,3 +55,26 @@ def like(outputs, x):
     """
     axes = tuple(varying_axes(x))
     return jax.tree.map(lambda y: make_varying(y, axes), outputs) if axes else outputs
+
+
+def jit_keyed_flag(name: str, help: str):
+    """A thread-local bool that jax includes in its jit cache key, as a context manager factory
+    (`with flag(True): ...`) with a `.value`; a plain always-True stand-in if jax stops offering
+    `bool_state(..., include_in_jit_key=True, include_in_trace_context=True)` (then the switch only costs what it saves)."""
+    try:
+        from jax._src import config
+
+        return config.bool_state(
+            name, False, help, include_in_jit_key=True, include_in_trace_context=True
+        )
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other jax versions
+        return _AlwaysOn()
+
+
+class _AlwaysOn:
+    value = True
+
+    def __call__(self, _value):
+        import contextlib
+
+        return contextlib.nullcontext()

@@ -4,8 +4,11 @@ Each jaxhc collective records, every time it executes on a device, the bytes a p
 collective would move for that rank ("raw") and the bytes its transport actually moved ("wire"),
 under its mesh axis and traffic kind. A call that fell back to raw transfer counts as a fallback
 (its wire bytes are then the raw bytes). Recording happens through `jax.debug.callback`, so it is
-exact under jit, scan, cond and remat, and it costs one host callback per collective per device;
-turn it off with ``with jaxhc.accounting.disabled():`` around tracing when that matters.
+exact under jit, scan, cond and remat. It costs nothing when no `Ledger` is active: whether one is
+is part of jax's jit cache key, so a function called outside every Ledger is compiled without the
+callbacks, and the first call inside one compiles it again with them (one host callback per
+collective per device). ``with jaxhc.accounting.disabled():`` around tracing turns them off even
+inside a Ledger.
 
 >>> import jaxhc
 >>> ledger = jaxhc.accounting.Ledger()
@@ -25,7 +28,13 @@ from collections import defaultdict
 
 import jax
 
+from jaxhc._compat import jit_keyed_flag
+
 _STATE = threading.local()
+# Whether a Ledger is active, in the jit cache key: programs traced outside Ledgers carry no callbacks.
+_RECORDING = jit_keyed_flag(
+    "jaxhc_accounting_active", "jaxhc: a jaxhc.accounting.Ledger is active (internal)"
+)
 _LOCK = threading.Lock()
 _ACTIVE: list[Ledger] = []
 
@@ -47,13 +56,18 @@ class Ledger:
 
     def __init__(self):
         self._tallies: dict[tuple[str, str], Tally] = defaultdict(Tally)
+        self._recording: list = []
 
     def __enter__(self) -> Ledger:
         with _LOCK:
             _ACTIVE.append(self)
+        ctx = _RECORDING(True)
+        ctx.__enter__()
+        self._recording.append(ctx)
         return self
 
     def __exit__(self, *exc) -> None:
+        self._recording.pop().__exit__(*exc)
         with _LOCK:
             _ACTIVE.remove(self)
 
@@ -93,7 +107,8 @@ def _dispatch(axis: str, kind: str, raw: float, wire: float, fallback: bool) -> 
 
 
 def enabled() -> bool:
-    return getattr(_STATE, "enabled", True)
+    """Whether collectives traced now record their traffic (a Ledger is active, not disabled)."""
+    return bool(_RECORDING.value) and getattr(_STATE, "enabled", True)
 
 
 @contextlib.contextmanager
