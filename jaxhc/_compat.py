@@ -59,8 +59,9 @@ def like(outputs, x):
 
 def jit_keyed_flag(name: str, help: str):
     """A thread-local bool that jax includes in its jit cache key, as a context manager factory
-    (`with flag(True): ...`) with a `.value`; a plain always-True stand-in if jax stops offering
-    `bool_state(..., include_in_jit_key=True, include_in_trace_context=True)` (then the switch only costs what it saves)."""
+    (`with flag(True): ...`) with a `.value`. If jax stops offering such states
+    (`config.bool_state(..., include_in_jit_key=True, include_in_trace_context=True)`), an
+    always-True stand-in: then nothing is saved, and nothing is lost."""
     try:
         from jax._src import config
 

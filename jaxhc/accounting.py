@@ -31,7 +31,7 @@ import jax
 from jaxhc._compat import jit_keyed_flag
 
 _STATE = threading.local()
-# Whether a Ledger is active, in the jit cache key: programs traced outside Ledgers carry no callbacks.
+# Whether a Ledger is active, part of jit's cache key: programs traced outside carry no callbacks.
 _RECORDING = jit_keyed_flag(
     "jaxhc_accounting_active", "jaxhc: a jaxhc.accounting.Ledger is active (internal)"
 )

@@ -15,7 +15,6 @@ import functools
 import os
 
 import jax
-import jax.numpy as jnp
 import mpi_helpers as h
 import numpy as np
 import pytest
