@@ -120,21 +120,6 @@ class Exchange {
   int64_t sent_ = 0;
 };
 
-// The plain codec: values travel as they are (what codec = nullptr means).
-class RawCodec final : public SegmentCodec {
- public:
-  uint64_t align() const override { return 1; }
-  uint64_t capacity(uint64_t) const override { return 0; }
-  bool may_send_raw() const override { return true; }
-  Result encode(const void*, Elem, uint64_t, uint8_t*, uint64_t*) override { return kRaw; }
-  bool decode(const uint8_t*, uint64_t, Elem, uint64_t, void*) override { return false; }
-  bool decode_sum(const uint8_t* const* in, const uint64_t*, const bool*, int parts, Elem e,
-                  uint64_t count, void* dst) override {
-    sum_in_rank_order(reinterpret_cast<const void* const*>(in), parts, e, count, dst);
-    return true;
-  }
-};
-
 // Which values a chunk holds. psum / psum_scatter: chunk q is x[q * per, (q + 1) * per) with
 // values at or past n reading as zero, coded as m >= per values (zero padding). all_gather: chunk
 // q is rank q's row of per = m values. Chunks travel in S segments of L values (the last shorter).
@@ -154,13 +139,14 @@ struct Geometry {
   uint64_t offset(int q, uint64_t s) const { return q * per + begin(s); }  // in the flat array
 };
 
+// codec nullptr: plain (segments of any length).
 Geometry make_geometry(MPI_Comm comm, Elem e, uint64_t n, uint64_t per, uint64_t m,
-                       const SegmentCodec& codec, const Options& opt) {
+                       const SegmentCodec* codec, const Options& opt) {
   Geometry g;
   MPI_Comm_size(comm, &g.parts);
   MPI_Comm_rank(comm, &g.me);
   g.n = n, g.per = per, g.m = m, g.eb = elem_bytes(e);
-  uint64_t a = codec.align();
+  uint64_t a = codec ? codec->align() : 1;
   g.L = std::max(a, round_up(std::max<uint64_t>(opt.segment_bytes / g.eb, 1), a));
   g.S = std::max<uint64_t>(1, (m + g.L - 1) / g.L);
   return g;
@@ -168,13 +154,16 @@ Geometry make_geometry(MPI_Comm comm, Elem e, uint64_t n, uint64_t per, uint64_t
 
 // One fused call: buffers, messages and the three kinds of work (encode a segment of every chunk,
 // reduce a segment of this rank's chunk, decode a gathered segment), run by the calling thread in
-// that order of preference, with MPI progressed between them.
+// that order of preference, with MPI progressed between them. codec nullptr: plain, where the
+// values travel as they are, straight from x and into y where they can (no header, no copies).
 class Call {
  public:
   Call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g)
-      : comm_(comm), e_(e), codec_(codec), g_(g), ex_(comm) {
-    uint64_t vals = g.L * g.eb;
-    slot_ = kHeader + round_up(std::max(codec->capacity(g.L), codec->may_send_raw() ? vals : 0), 8);
+      : e_(e), codec_(codec), g_(g), ex_(comm) {
+    uint64_t vals = round_up(g.L * g.eb, 8);
+    slot_ = codec ? kHeader + std::max(round_up(codec->capacity(g.L), 8),
+                                       codec->may_send_raw() ? vals : 0)
+                  : vals;
   }
 
   // scatter: phase 1 from x (its P chunks), reducing this rank's chunk into `chunk` (m values).
@@ -190,14 +179,14 @@ class Call {
     return b.get(slot_ * g_.S * g_.parts) + (s * g_.parts + q) * slot_;
   }
   const void* source(const void* x, int q, uint64_t s);
+  uint8_t* plain_target(void* y, int q, uint64_t s);
   uint64_t encode_into(uint8_t* msg, const void* values, uint64_t count, uint8_t flags,
                        uint8_t fails);
   void send_gather(uint64_t s, const uint8_t* values, uint8_t flags);
   void encode_scatter(const void* x, uint64_t s);
-  void reduce(uint64_t s, uint8_t* chunk, bool gather);
-  void decode_gathered(uint64_t s, int q, void* y);
+  void reduce(const void* x, uint64_t s, uint8_t* chunk, bool gather);
+  void decode_gathered(uint64_t s, int q, const uint8_t* chunk, void* y);
 
-  MPI_Comm comm_;
   Elem e_;
   SegmentCodec* codec_;
   Geometry g_;
@@ -207,14 +196,22 @@ class Call {
   bool ok_values_ = true, ok_reduced_ = true;
 };
 
+// Segment s of chunk q of x; a partial one (past the end of x) is staged with zeros behind its
+// valid values, in a place of its own (a plain send reads it until the call ends).
 const void* Call::source(const void* x, int q, uint64_t s) {
   const uint8_t* base = static_cast<const uint8_t*>(x) + g_.offset(q, s) * g_.eb;
   uint64_t c = g_.count(s), v = g_.valid(q, s);
   if (v == c) return base;
-  uint8_t* st = w_.stage.get(g_.L * g_.eb);  // a partial segment: valid values, then zeros
+  uint8_t* st = w_.stage.get(g_.L * g_.eb * g_.S * g_.parts) + (s * g_.parts + q) * g_.L * g_.eb;
   std::memcpy(st, base, v * g_.eb);
   std::memset(st + v * g_.eb, 0, (c - v) * g_.eb);
   return st;
+}
+
+// Where a plain gathered segment lands: in y when it is whole there, else in a slot.
+uint8_t* Call::plain_target(void* y, int q, uint64_t s) {
+  if (g_.valid(q, s) == g_.count(s)) return static_cast<uint8_t*>(y) + g_.offset(q, s) * g_.eb;
+  return slot(w_.recv2, s, q);
 }
 
 // Writes header and payload of one message; returns its size. A lossy codec that meets a
@@ -241,6 +238,11 @@ uint64_t Call::encode_into(uint8_t* msg, const void* values, uint64_t count, uin
 }
 
 void Call::send_gather(uint64_t s, const uint8_t* values, uint8_t flags) {
+  if (!codec_) {
+    for (int r = 1; r < g_.parts; ++r)
+      ex_.send(values, g_.count(s) * g_.eb, (g_.me + r) % g_.parts, kTagGather);
+    return;
+  }
   uint8_t* msg = slot(w_.send2, s, 0);
   uint64_t size = kHeader;
   if (flags & kOkValues) {
@@ -255,13 +257,26 @@ void Call::send_gather(uint64_t s, const uint8_t* values, uint8_t flags) {
 void Call::encode_scatter(const void* x, uint64_t s) {
   for (int r = 0; r < g_.parts; ++r) {  // my own piece first, then the others in ring order
     int q = (g_.me + r) % g_.parts;
+    if (!codec_) {
+      if (q != g_.me) ex_.send(source(x, q, s), g_.count(s) * g_.eb, q, kTagScatter);
+      continue;
+    }
     uint8_t* msg = slot(w_.send1, s, q);
     uint64_t size = encode_into(msg, source(x, q, s), g_.count(s), kOkValues, kOkValues);
     if (q != g_.me) ex_.send(msg, size, q, kTagScatter);
   }
 }
 
-void Call::reduce(uint64_t s, uint8_t* chunk, bool gather) {
+void Call::reduce(const void* x, uint64_t s, uint8_t* chunk, bool gather) {
+  uint8_t* out = chunk + g_.begin(s) * g_.eb;
+  if (!codec_) {
+    std::vector<const void*> in(g_.parts);
+    for (int q = 0; q < g_.parts; ++q)
+      in[q] = q == g_.me ? source(x, q, s) : slot(w_.recv1, s, q);
+    sum_in_rank_order(in.data(), g_.parts, e_, g_.count(s), out);
+    if (gather) send_gather(s, out, kOkValues | kOkReduced);
+    return;
+  }
   std::vector<const uint8_t*> in(g_.parts);
   std::vector<uint64_t> bytes(g_.parts);
   std::unique_ptr<bool[]> raw(new bool[g_.parts]);
@@ -273,14 +288,20 @@ void Call::reduce(uint64_t s, uint8_t* chunk, bool gather) {
     ok &= (h.flags & kOkValues) != 0;
     in[q] = msg + kHeader, bytes[q] = h.bytes, raw[q] = h.raw != 0;
   }
-  uint8_t* out = chunk + g_.begin(s) * g_.eb;
   if (ok)  // a malformed piece counts as a failed encode: the call goes plain
     ok = codec_->decode_sum(in.data(), bytes.data(), raw.get(), g_.parts, e_, g_.count(s), out);
   ok_values_ &= ok;
   if (gather) send_gather(s, out, ok ? kOkValues | kOkReduced : 0);
 }
 
-void Call::decode_gathered(uint64_t s, int q, void* y) {
+void Call::decode_gathered(uint64_t s, int q, const uint8_t* chunk, void* y) {
+  if (!codec_) {  // only copies: my own segment, or one that arrived in a slot
+    uint64_t v = g_.valid(q, s);
+    uint8_t* dst = static_cast<uint8_t*>(y) + g_.offset(q, s) * g_.eb;
+    const uint8_t* from = q == g_.me ? chunk + g_.begin(s) * g_.eb : plain_target(y, q, s);
+    if (v && from != dst) std::memcpy(dst, from, v * g_.eb);
+    return;
+  }
   const uint8_t* msg = q == g_.me ? slot(w_.send2, s, 0) : slot(w_.recv2, s, q);
   Header h;
   std::memcpy(&h, msg, kHeader);
@@ -305,7 +326,10 @@ void Call::run(const void* x, uint8_t* chunk, void* y, bool scatter, bool gather
     for (int r = 1; r < P; ++r) {
       int q = (g_.me + P - r) % P;
       if (scatter) recv1[s * P + q] = ex_.recv(slot(w_.recv1, s, q), slot_, q, kTagScatter);
-      if (gather) recv2[s * P + q] = ex_.recv(slot(w_.recv2, s, q), slot_, q, kTagGather);
+      if (gather)
+        recv2[s * P + q] = codec_ ? ex_.recv(slot(w_.recv2, s, q), slot_, q, kTagGather)
+                                  : ex_.recv(plain_target(y, q, s), g_.count(s) * g_.eb, q,
+                                             kTagGather);
     }
   uint64_t encoded = 0, reduced = 0;
   if (!scatter) {  // all_gather: this rank's chunk is given
@@ -323,7 +347,7 @@ void Call::run(const void* x, uint8_t* chunk, void* y, bool scatter, bool gather
       bool all = true;
       for (int q = 0; q < P && all; ++q) all = q == g_.me || ex_.done(recv1[reduced * P + q]);
       if (all) {
-        reduce(reduced++, chunk, gather);
+        reduce(x, reduced++, chunk, gather);
         continue;
       }
     }
@@ -335,7 +359,7 @@ void Call::run(const void* x, uint8_t* chunk, void* y, bool scatter, bool gather
     for (uint64_t i = scan * P; i < reduced * P && gather && !worked; ++i) {
       int q = static_cast<int>(i % P);
       if (decoded[i] || (q != g_.me && !ex_.done(recv2[i]))) continue;
-      decode_gathered(i / P, q, y);
+      decode_gathered(i / P, q, chunk, y);
       decoded[i] = worked = true;
       --left;
     }
@@ -382,35 +406,36 @@ Outcome run_call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, 
 
 std::string psum(MPI_Comm comm, Elem e, const void* x, uint64_t n, void* y, SegmentCodec* codec,
                  const Options& opt, Stats* stats) {
-  RawCodec plain;
   const int P = comm_size(comm);
   const uint64_t per = chunk_values(n, P);
+  const size_t eb = elem_bytes(e);
   std::lock_guard<std::mutex> lock(workspace().mu);
-  Geometry pg = make_geometry(comm, e, n, per, per, plain, opt);
+  Geometry pg = make_geometry(comm, e, n, per, per, nullptr, opt);
   if (codec) {
-    Geometry g = make_geometry(comm, e, n, per, round_up(per, 4), *codec, opt);
-    uint8_t* chunk = workspace().reduced.get(g.m * g.eb);
+    Geometry g = make_geometry(comm, e, n, per, round_up(per, 4), codec, opt);
+    uint8_t* chunk = workspace().reduced.get(g.m * eb);
     Outcome o = run_call(comm, e, codec, g, x, chunk, y, true, true, stats);
     if (o.ok_values && o.ok_reduced) return "";
     stats->fallback = 1;
     if (o.ok_values) {  // a reduced chunk is not finite: gather the sums as they are
-      run_call(comm, e, &plain, pg, nullptr, chunk, y, false, true, stats);
+      run_call(comm, e, nullptr, pg, nullptr, chunk, y, false, true, stats);
       return "";
     }
   }
-  uint8_t* chunk = workspace().reduced.get(per * pg.eb);
-  run_call(comm, e, &plain, pg, x, chunk, y, true, true, stats);
+  // Plain: this rank's sums go straight into y when its chunk lies wholly inside it.
+  uint8_t* chunk = (pg.me + 1) * per <= n ? static_cast<uint8_t*>(y) + pg.me * per * eb
+                                          : workspace().reduced.get(per * eb);
+  run_call(comm, e, nullptr, pg, x, chunk, y, true, true, stats);
   return "";
 }
 
 std::string psum_scatter(MPI_Comm comm, Elem e, const void* x, uint64_t per, void* y,
                          SegmentCodec* codec, const Options& opt, Stats* stats) {
-  RawCodec plain;
   const int P = comm_size(comm);
   const size_t eb = elem_bytes(e);
   std::lock_guard<std::mutex> lock(workspace().mu);
   if (codec) {
-    Geometry g = make_geometry(comm, e, P * per, per, round_up(per, 4), *codec, opt);
+    Geometry g = make_geometry(comm, e, P * per, per, round_up(per, 4), codec, opt);
     uint8_t* chunk = workspace().reduced.get(g.m * eb);
     Outcome o = run_call(comm, e, codec, g, x, chunk, nullptr, true, false, stats);
     stats->wire_bytes += 4 * (P - 1);  // the agreement
@@ -420,27 +445,24 @@ std::string psum_scatter(MPI_Comm comm, Elem e, const void* x, uint64_t per, voi
     }
     stats->fallback = 1;
   }
-  Geometry pg = make_geometry(comm, e, P * per, per, per, plain, opt);
-  uint8_t* chunk = workspace().reduced.get(per * eb);
-  run_call(comm, e, &plain, pg, x, chunk, nullptr, true, false, stats);
-  std::memcpy(y, chunk, per * eb);
+  Geometry pg = make_geometry(comm, e, P * per, per, per, nullptr, opt);
+  run_call(comm, e, nullptr, pg, x, static_cast<uint8_t*>(y), nullptr, true, false, stats);
   return "";
 }
 
 std::string all_gather(MPI_Comm comm, Elem e, const void* x, uint64_t k, void* y,
                        SegmentCodec* codec, const Options& opt, Stats* stats) {
-  RawCodec plain;
   const int P = comm_size(comm);
   std::lock_guard<std::mutex> lock(workspace().mu);
-  uint8_t* own = const_cast<uint8_t*>(static_cast<const uint8_t*>(x));
+  uint8_t* own = const_cast<uint8_t*>(static_cast<const uint8_t*>(x));  // read, never written
   if (codec) {
-    Geometry g = make_geometry(comm, e, P * k, k, k, *codec, opt);
+    Geometry g = make_geometry(comm, e, P * k, k, k, codec, opt);
     Outcome o = run_call(comm, e, codec, g, nullptr, own, y, false, true, stats);
     if (o.ok_values && o.ok_reduced) return "";
     stats->fallback = 1;
   }
-  Geometry pg = make_geometry(comm, e, P * k, k, k, plain, opt);
-  run_call(comm, e, &plain, pg, nullptr, own, y, false, true, stats);
+  Geometry pg = make_geometry(comm, e, P * k, k, k, nullptr, opt);
+  run_call(comm, e, nullptr, pg, nullptr, own, y, false, true, stats);
   return "";
 }
 
