@@ -71,7 +71,7 @@ def _git_commit() -> str | None:
 
 def command_line() -> str:
     """The command that ran this script (with `mpirun -np N` in front under Open MPI)."""
-    cmd = shlex.join([os.path.relpath(sys.executable), *sys.argv])
+    cmd = shlex.join([os.path.relpath(sys.executable), *sys.orig_argv[1:]])
     size = os.environ.get("OMPI_COMM_WORLD_SIZE")
     return f"mpirun -np {size} {cmd}" if size else cmd
 
