@@ -99,6 +99,12 @@ def tables(doc: dict) -> str:
         "(least over the calls, largest rank), MPI's polling while waiting included. "
         "TCP Mbit/s: one stream measured through the link just before the run."
     )
+    runs = [
+        [r["hosts"], r["link_rate"], fmt(r["tcp_bits_per_s"] / 1e6, "{:.0f}")]
+        + [fmt(r["machine"][f"load_average_at_{at}"][0]) for at in ("start", "end")]
+        for r in doc.get("runs", [])
+    ]
+    run_cols = ["P", "link", "TCP Mbit/s", "load at start", "load at end"]
     return "\n\n".join(
         [
             "### Median ms per call, per codec (speed-up over plain)",
@@ -106,6 +112,8 @@ def tables(doc: dict) -> str:
             "### Every number",
             markdown_table(full_cols, full),
             note,
+            "### Runs (one mpirun each; 1-minute load average of the machine)",
+            markdown_table(run_cols, runs),
         ]
     )
 
