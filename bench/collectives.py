@@ -276,7 +276,8 @@ def main(argv=None) -> None:
                         continue
                     launcher = launchers.get(spec, launchers["lax"])
                     records.append(run_case(tr, launcher, name, spec, x_global, parts, args))
-                    say("  " + "  ".join(map(str, row(records[-1]))), file=sys.stderr, flush=True)
+                    line = row(records[-1], args.link_rate is not None)
+                    say("  " + "  ".join(map(str, line)), file=sys.stderr, flush=True)
 
     if tr.rank == 0:
         records.sort(key=lambda r: (list(COLLECTIVES).index(r["collective"]), r["parts"]))

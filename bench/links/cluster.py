@@ -141,7 +141,8 @@ class Cluster:
             c.run(["jaxhc", "train", "--transport", "mpi", ...], timeout=3600)
 
     Leaving the `with` block (normally, on an exception, on SIGINT, SIGTERM or SIGHUP) ends the
-    processes started in the hosts and deletes every namespace the cluster made.
+    processes started in the hosts and deletes every namespace the cluster made. One cluster per
+    process at a time (its names carry the process id).
     """
 
     def __init__(self, hosts: int, rate: str | None = None):
