@@ -9,7 +9,7 @@ NATIVE_SOURCES := CMakeLists.txt pyproject.toml $(wildcard ffi/*/*.h ffi/*/*.cc 
 PYTEST := $(BIN)/python -m pytest
 XLA_HOST8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: setup setup-mpi native train test test-mpi test-all bench bench-mpi lint clean
+.PHONY: setup setup-mpi native train test test-mpi test-all bench bench-mpi bench-links lint clean
 
 setup: $(VENV)/.native
 
@@ -100,6 +100,16 @@ bench-mpi: MPI_TIMEOUT = 3600
 bench-mpi: setup setup-mpi
 	for np in 2 4; do $(MPIRUN) -np $$np \
 	  $(BIN)/python bench/collectives.py --transport mpi $(if $(QUICK),--quick) || exit 1; done
+
+# The collectives across shaped links: network-namespace hosts on a bridge, tc tbf, Open MPI over
+# TCP (bench/links; root only). QUICK=1: a few minutes; ARGS: more options (python -m bench.links
+# bench --help); OUT: the JSON (.md and .png beside it). Waits for other benchmarks (flock).
+OUT ?= bench/results/links.json
+bench-links:
+	@$(PYTHON) -m bench.links check >/dev/null
+	@$(MAKE) --no-print-directory setup setup-mpi
+	flock /tmp/jaxhc-bench.lock $(BIN)/python -m bench.links bench $(if $(QUICK),--quick) \
+	  --out $(OUT) $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check jaxhc tests bench && $(BIN)/ruff format --check jaxhc tests bench

@@ -58,20 +58,21 @@ def _cpu_model() -> str:
 
 
 def _git_commit() -> str | None:
-    """HEAD of the checkout these scripts live in, with "+dirty" when it has local changes."""
+    """HEAD of the checkout these scripts live in, "+dirty" when tracked files have changes."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         run = lambda *a: subprocess.run(  # noqa: E731
             ["git", "-C", here, *a], capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
-        return run("rev-parse", "HEAD") + ("+dirty" if run("status", "--porcelain") else "")
+        dirty = run("status", "--porcelain", "--untracked-files=no")  # new results: not code
+        return run("rev-parse", "HEAD") + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
 
 def command_line() -> str:
     """The command that ran this script (with `mpirun -np N` in front under Open MPI)."""
-    cmd = shlex.join([os.path.relpath(sys.executable), *sys.argv])
+    cmd = shlex.join([os.path.relpath(sys.executable), *sys.orig_argv[1:]])
     size = os.environ.get("OMPI_COMM_WORLD_SIZE")
     return f"mpirun -np {size} {cmd}" if size else cmd
 

@@ -4,10 +4,13 @@
     .venv/bin/python bench/collectives.py --quick    # 64 KB and 1 MB, P = 4
     make bench-mpi [QUICK=1]                         # MPI transport, 2 and 4 processes
     mpirun -np 4 .venv/bin/python bench/collectives.py --transport mpi [--quick]
+    python -m bench.links bench ...                  # MPI across shaped links (bench/links)
 
 Options narrow the sweep: --collectives psum,all_gather --codecs lax,zfp:8 --sizes-kb 64,1024
---parts 2,4 --repeats 5 --data smooth|noise. The JSON goes to bench/results/collectives_xla.json
-or collectives_mpi_np<P>.json (`_quick` before `.json` with --quick), or to --out.
+--parts 2,4 --repeats 5 --data smooth|noise; --link-rate 1gbit names the rate of the links the
+ranks run over (bench/links shapes them) and adds the ring bound. The JSON goes to
+bench/results/collectives_xla.json or collectives_mpi_np<P>.json (`_quick` before `.json` with
+--quick), or to --out.
 
 Each case is one collective (psum, all_gather, psum_scatter, ppermute as a ring shift, all_to_all)
 over a mesh axis "x" of P ranks, with one codec, on a message of --sizes-kb per rank (float32
@@ -20,12 +23,18 @@ gradient-like data, a smooth signal plus small noise; `--data noise` for noise),
 
 Codec "lax" is the plain collective (`codec=None`): XLA's own, or on MPI jaxhc's reduce-scatter +
 all-gather psum that adds in rank order (bitwise XLA:CPU's). "lax-allreduce" (MPI, psum only) is
-the plain psum through MPI_Allreduce. "mpc" has no budget (its payload has room for the worst
-case), "mpc:0.8" sends 80% of raw and falls back to raw when the data does not fit.
+the plain psum through MPI_Allreduce. "bf16-cast" casts to bfloat16, runs the plain collective and
+casts back (what PyTorch DDP's fp16 compression hook does: the peer a codec has to beat). "mpc"
+has no budget (its payload has room for the worst case), "mpc:0.8" sends 80% of raw and falls back
+to raw when the data does not fit.
 
 Columns (the same for both transports; per rank and per call):
 - ms best / ms median: wall time of one call over --repeats calls after a warm-up. Under MPI every
   call starts after a barrier, and of the ranks' best (median) times the slowest counts.
+- cpu ms: the process CPU time of one call (all threads; the least over the calls; under MPI the
+  largest of the ranks'). It includes MPI's polling while a rank waits for the network.
+- ring ms (with --link-rate): raw bytes x 8 / rate, the time a plain ring collective needs on
+  links of that rate (psum 2(P-1)/P x bytes per rank).
 - raw MiB: what a plain ring collective moves; wire MiB: what the transport really moved
   (`jaxhc.accounting`); raw/wire; fallbacks: calls that went raw (lossy codec on NaN/Inf, MPC
   over its budget).
@@ -53,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from _common import fmt, markdown_table, print_table, time_codec, timings, write_json
 from jax.sharding import PartitionSpec as P
+from links.rates import parse_rate, rate_label
 
 import jaxhc
 from jaxhc.codecs import parse
@@ -60,7 +70,8 @@ from jaxhc.codecs import parse
 LINKS_GBIT = (1, 10, 100)
 ALPHA = 5e-6  # seconds per message (typical RDMA/TCP latency order)
 SIZES_KB = (64, 1024, 16384, 65536)
-CODECS = ("lax", "lax-allreduce", "none", "zfp:8", "zfp:16", "mpc", "mpc:0.8")
+CODECS = ("lax", "lax-allreduce", "bf16-cast", "none", "zfp:8", "zfp:16", "mpc", "mpc:0.8")
+PLAIN = ("lax", "lax-allreduce", "bf16-cast")  # run the plain collective (codec=None)
 
 
 def _ring(x, codec):
@@ -101,7 +112,7 @@ def data(n: int, kind: str, seed: int = 0) -> np.ndarray:
 @functools.cache
 def codec_speed(spec: str, n: int, kind: str, repeats: int) -> tuple[float, float]:
     """(encode, decode) values per second of `spec` on n values (decode: inf when it never runs)."""
-    if spec.startswith("lax"):
+    if spec in PLAIN:
         return float("inf"), float("inf")
     t = time_codec(parse(spec), jnp.asarray(data(n, kind)), repeats)
     decode = n / t["decode"]["s"] if t["decode"] else float("inf")  # over budget: sent raw
@@ -137,27 +148,36 @@ class Transport:
 
     def time(self, step, x, parts: int, repeats: int) -> tuple[dict, dict]:
         """Timings of `step(x)` (the slowest rank's under MPI) and the accounting per rank."""
-        jax.block_until_ready(step(x))  # compile and warm up, outside the ledger
-        with jaxhc.accounting.Ledger() as ledger:
+        jax.block_until_ready(step(x))  # compile, outside the ledger
+        with jaxhc.accounting.Ledger() as ledger:  # the second call is the warm-up
             jax.block_until_ready(step(x))
         zero = {"raw_bytes": 0.0, "wire_bytes": 0.0, "fallbacks": 0.0, "calls": 0.0}
         per = ledger.per_axis(devices=1 if self.comm else parts).get("x", zero)
         if self.comm is None:
-            return timings(lambda: step(x), repeats), per
-        t = timings(lambda: step(x), repeats, before=self.comm.Barrier)
-        return {k: self.comm.allreduce(v, op=self.max) for k, v in t.items()}, per
+            return timings(lambda: step(x), repeats, warmup=0), per
+        t = timings(lambda: step(x), repeats, warmup=0, before=self.comm.Barrier)
+        out = {k: self.comm.allreduce(v, op=self.max) for k, v in t.items()}
+        return {**out, "cpu_s_per_rank": self.comm.allgather(t["cpu_s"])}, per
+
+
+def _body(call, spec: str):
+    if spec == "bf16-cast":
+        return lambda v: call(v.astype(jnp.bfloat16), None).astype(v.dtype)
+    return lambda v: call(v, None if spec in PLAIN else spec)
 
 
 def run_case(tr: Transport, launcher, name: str, spec: str, x_global, parts, args) -> dict:
     call, model = COLLECTIVES[name]
-    codec = None if spec.startswith("lax") else spec
-    step = launcher.shard_map(lambda v: call(v, codec), in_specs=P("x"), out_specs=P("x"))
+    step = launcher.shard_map(_body(call, spec), in_specs=P("x"), out_specs=P("x"))
     t, per = tr.time(step, launcher.put(x_global, P("x")), parts, args.repeats)
+    if spec == "bf16-cast":  # the ledger saw a bfloat16 collective; the message is float32
+        per = {**per, "raw_bytes": per["raw_bytes"] * 2}
     n = x_global.size // parts
     messages, n_enc, n_dec = model(n, parts)
     enc_speed, dec_speed = tr.speed(spec, n, args.data, args.repeats)
     codec_s = n_enc / enc_speed + n_dec / dec_speed
     link = {g: codec_s + messages * ALPHA + per["wire_bytes"] * 8 / (g * 1e9) for g in LINKS_GBIT}
+    bits = parse_rate(args.link_rate)
     return {
         "collective": name,
         "codec": spec,
@@ -169,6 +189,8 @@ def run_case(tr: Transport, launcher, name: str, spec: str, x_global, parts, arg
         "messages": messages,
         "codec_seconds": codec_s,
         "projected_seconds": link,
+        "link_rate": rate_label(args.link_rate),
+        "ring_bound_s": per["raw_bytes"] * 8 / bits if bits else None,
     }
 
 
@@ -179,6 +201,7 @@ COLUMNS = [
     "codec",
     "ms best",
     "ms median",
+    "cpu ms",
     "raw MiB",
     "wire MiB",
     "raw/wire",
@@ -187,21 +210,27 @@ COLUMNS = [
 ]
 
 
-def row(r: dict) -> list[str]:
-    kib = r["bytes_per_rank"] / 1024
-    size = f"{kib:g} KiB" if kib < 1024 else f"{kib / 1024:g} MiB"
+def size_label(nbytes: int) -> str:
+    kib = nbytes / 1024
+    return f"{kib:g} KiB" if kib < 1024 else f"{kib / 1024:g} MiB"
+
+
+def row(r: dict, linked: bool = False) -> list[str]:
     raw, wire = r["raw_bytes"], r["wire_bytes"]
+    ring = [fmt(r["ring_bound_s"] * 1e3 if r["ring_bound_s"] else None)] if linked else []
     return [
         r["collective"],
         r["parts"],
-        size,
+        size_label(r["bytes_per_rank"]),
         r["codec"],
         fmt(r["s"] * 1e3),
         fmt(r["median_s"] * 1e3),
+        fmt(r["cpu_s"] * 1e3),
         fmt(raw / 2**20, "{:.3f}"),
         fmt(wire / 2**20, "{:.3f}"),
         fmt(raw / wire if wire else None),
         f"{r['fallbacks']:g}",
+        *ring,
         *(fmt(r["projected_seconds"][g] * 1e3) for g in LINKS_GBIT),
     ]
 
@@ -218,8 +247,13 @@ def main(argv=None) -> None:
     ap.add_argument("--parts", default="2,4,8", help="ranks per case (xla; mpi: mpirun -np)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--data", choices=["smooth", "noise"], default="smooth")
+    ap.add_argument("--link-rate", help="rate of the links between the ranks: 1gbit, unshaped")
     ap.add_argument("--out", help="JSON path (default bench/results/collectives_<transport>...)")
     args = ap.parse_args(argv)
+    try:
+        parse_rate(args.link_rate)
+    except ValueError as e:
+        ap.error(str(e))
     if args.quick:
         args.sizes_kb, args.parts, args.repeats = "64,1024", "4", 3
     sizes = [int(s) for s in args.sizes_kb.split(",")]
@@ -242,13 +276,18 @@ def main(argv=None) -> None:
                         continue
                     launcher = launchers.get(spec, launchers["lax"])
                     records.append(run_case(tr, launcher, name, spec, x_global, parts, args))
-                    say("  " + "  ".join(map(str, row(records[-1]))), file=sys.stderr, flush=True)
+                    line = row(records[-1], args.link_rate is not None)
+                    say("  " + "  ".join(map(str, line)), file=sys.stderr, flush=True)
 
     if tr.rank == 0:
         records.sort(key=lambda r: (list(COLLECTIVES).index(r["collective"]), r["parts"]))
-        rows = [row(r) for r in records]
+        linked = args.link_rate is not None
+        rows = [row(r, linked) for r in records]
+        columns = COLUMNS[:11] + ["ring ms"] * linked + COLUMNS[11:]
         what = "MPI, one process per rank" if tr.comm else "XLA, simulated host devices"
-        print_table(f"jaxhc collectives per rank and call ({what})", COLUMNS, rows)
+        if linked:
+            what += f", links {rate_label(args.link_rate)}"
+        print_table(f"jaxhc collectives per rank and call ({what})", columns, rows)
         name = f"collectives_{args.transport}" + (f"_np{parts_list[0]}" if tr.comm else "")
         out = args.out or f"bench/results/{name}{'_quick' if args.quick else ''}.json"
         write_json(
@@ -257,8 +296,9 @@ def main(argv=None) -> None:
                 "transport": args.transport,
                 "alpha_seconds": ALPHA,
                 "links_gbit": LINKS_GBIT,
+                "link_rate": rate_label(args.link_rate) if linked else None,
                 "results": records,
-                "markdown": markdown_table(COLUMNS, rows),
+                "markdown": markdown_table(columns, rows),
             },
         )
 

@@ -1,0 +1,413 @@
+"""A cluster of P "hosts" on one machine: network namespaces joined by a bridge, links shaped by tc.
+
+Each host is a network namespace with one veth interface (`veth0`, address 10.77.0.<i+1>/24) whose
+peer sits on a bridge in a namespace of its own; a `tbf` qdisc on each host's interface limits that
+host's egress to the link rate (both directions of a pair are shaped: each by its sender). Nothing
+is added to the machine's own namespace. Open MPI reaches the hosts through an rsh agent that runs
+`ip netns exec <host> sh -c "$*"`; `mpirun` itself runs inside host 0. Every command in a host also
+gets its own UTS namespace named after the host: Open MPI keys its session directories in the
+shared /tmp by host name, and with one name for all hosts 4-host jobs failed to start 1 time in 5.
+
+Names start with `jaxhc-links-<pid>-`, pid the process that made them, so `remove_leftovers()` can
+find and delete what a killed run left behind (and leaves a live run's cluster alone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from .rates import parse_rate, rate_label
+
+PREFIX = "jaxhc-links-"
+SUBNET = "10.77.0.0/24"
+IFACE = "veth0"
+_TBF = ("burst", "256kb", "latency", "50ms")
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# The rsh agent: Open MPI calls it as `agent [options] <host address> <command ...>`.
+_AGENT = """#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
+host=$1; shift
+case "$host" in
+{cases}
+*) echo "links agent: unknown host $host" >&2; exit 1 ;;
+esac
+exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns; $*"
+"""
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot be made or used (not root, no namespaces, a command failed)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived while a cluster was up (`signum` says which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def check_available() -> None:
+    """Raise ClusterError (one line) unless this process can make network namespaces."""
+    if os.geteuid() != 0:
+        uid = os.geteuid()
+        raise ClusterError(f"needs root to create network namespaces (running as uid {uid})")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise ClusterError(f"'{tool}' (iproute2) is not installed")
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    _ip("netns", "add", probe, what="cannot create network namespaces")
+    _ip("netns", "del", probe, what="cannot delete network namespace")
+
+
+def _ip(*args: str, what: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    return _sh(["ip", *args], what=what, check=check)
+
+
+def _sh(argv: list[str], what=None, check=True) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, capture_output=True, text=True)
+    if check and p.returncode:
+        msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
+        raise ClusterError(f"{what or ' '.join(argv)}: {msg}")
+    return p
+
+
+def namespaces() -> list[str]:
+    """This tool's namespaces on the machine (any run's)."""
+    out = _ip("netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+
+
+def _owner_alive(name: str) -> bool:
+    m = re.match(re.escape(PREFIX) + r"(\d+)-", name)
+    if not m:
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def remove_leftovers(*, all_runs: bool = False) -> list[str]:
+    """Delete the namespaces (and agent folders) of runs whose process is gone (`all_runs`: of
+    every run); returns the namespaces' names."""
+    gone = [n for n in namespaces() if all_runs or not _owner_alive(n)]
+    for name in gone:
+        _delete_namespace(name)
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*")):
+        if all_runs or not _owner_alive(os.path.basename(folder)):
+            shutil.rmtree(folder, ignore_errors=True)
+    return gone
+
+
+def _delete_namespace(name: str) -> None:
+    """End the processes still inside `name` (TERM, then KILL after 3 s), then delete it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _pids(name):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3
+        while _pids(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _ip("netns", "del", name, check=False)
+
+
+def _pids(name: str) -> list[int]:
+    return [int(p) for p in _ip("netns", "pids", name, check=False).stdout.split()]
+
+
+class Cluster:
+    """P hosts on one machine, each host's egress limited to `rate` (None/"unshaped": no limit).
+
+        with Cluster(hosts=2, rate="1gbit") as c:
+            c.run([".venv/bin/python", "bench/collectives.py", "--transport", "mpi"])
+            c.set_rate("100mbit")              # the live cluster's links change
+            c.run(["jaxhc", "train", "--transport", "mpi", ...], timeout=3600)
+
+    Leaving the `with` block (normally, on an exception, on SIGINT, SIGTERM or SIGHUP) ends the
+    processes started in the hosts and deletes every namespace the cluster made. One cluster per
+    process at a time (its names carry the process id).
+    """
+
+    def __init__(self, hosts: int, rate: str | None = None):
+        if not isinstance(hosts, int) or hosts < 2 or hosts > 250:
+            raise ValueError(f"hosts={hosts!r}: expected a whole number from 2 to 250")
+        parse_rate(rate)
+        self.hosts, self.rate = hosts, rate_label(rate)
+        tag = f"{PREFIX}{os.getpid()}-"
+        self.bridge = tag + "br"
+        self.names = [f"{tag}h{i}" for i in range(hosts)]
+        self.addresses = [f"10.77.0.{i + 1}" for i in range(hosts)]
+        self.subnet = SUBNET
+        self._made: list[str] = []
+        self._tmp: str | None = None
+        self._agent: str | None = None
+        self._old_handlers: dict = {}
+        self._procs: list[subprocess.Popen] = []
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> Cluster:
+        self._trap_signals()
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Make the namespaces, the bridge, the veth pairs, the addresses and the shaping."""
+        check_available()
+        remove_leftovers()
+        if any(n in namespaces() for n in (self.bridge, *self.names)):
+            raise ClusterError(f"this process already has a cluster ({self.bridge} exists)")
+        atexit.register(self.close)
+        bridge = self.bridge
+        self._add_namespace(bridge)
+        _ip("-n", bridge, "link", "add", "br0", "type", "bridge")
+        _ip("-n", bridge, "link", "set", "br0", "up")
+        for i, (ns, addr) in enumerate(zip(self.names, self.addresses, strict=True)):
+            self._add_namespace(ns)
+            peer = f"h{i}"
+            _ip("link", "add", IFACE, "netns", ns, "type", "veth", "peer", peer, "netns", bridge)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", IFACE)
+            _ip("-n", ns, "link", "set", IFACE, "up")
+            _ip("-n", bridge, "link", "set", peer, "master", "br0")
+            _ip("-n", bridge, "link", "set", peer, "up")
+        self._tmp = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+        self._agent = os.path.join(self._tmp, "agent.sh")
+        hosts = zip(self.addresses, self.names, strict=True)
+        cases = "\n".join(f"{a}) ns={n} ;;" for a, n in hosts)
+        with open(self._agent, "w") as f:
+            f.write(_AGENT.format(cases=cases))
+        os.chmod(self._agent, 0o755)
+        self.set_rate(self.rate)
+
+    def _add_namespace(self, name: str) -> None:
+        _ip("netns", "add", name, what="cannot create network namespaces")
+        self._made.append(name)
+        _ip("-n", name, "link", "set", "lo", "up")
+
+    def close(self) -> None:
+        """End what runs in the hosts and delete the namespaces (idempotent).
+
+        SIGINT/SIGTERM/SIGHUP wait until it is done (a second Ctrl-C cannot cut it short).
+        """
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            self._teardown()
+        finally:
+            self._restore_signals()
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _teardown(self) -> None:
+        for p in self._procs:
+            _kill_group(p)
+        self._procs.clear()
+        for name in reversed(self._made):
+            _delete_namespace(name)
+        self._made.clear()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        atexit.unregister(self.close)
+
+    def _trap_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set there; atexit still tears down
+
+        def stop(signum, _frame):
+            raise Interrupted(signum)
+
+        for sig in _STOP_SIGNALS:
+            self._old_handlers[sig] = signal.signal(sig, stop)
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
+    # --- links -------------------------------------------------------------------------------
+
+    def set_rate(self, rate: str | None) -> None:
+        """Shape every host's egress to `rate` ("100mbit", "1gbit"; None/"unshaped": remove tbf)."""
+        bits = parse_rate(rate)
+        for ns in self.names:
+            if bits is None:
+                if "tbf" in self.qdisc(ns):
+                    _sh(["tc", "-n", ns, "qdisc", "del", "dev", IFACE, "root"])
+            else:
+                tbf = ["tbf", "rate", f"{bits:.0f}bit", *_TBF]
+                _sh(["tc", "-n", ns, "qdisc", "replace", "dev", IFACE, "root", *tbf])
+        self.rate = rate_label(rate)
+
+    def qdisc(self, host: int | str) -> str:
+        """`tc qdisc show` of a host's interface (host index or namespace name)."""
+        ns = self.names[host] if isinstance(host, int) else host
+        return _sh(["tc", "-n", ns, "qdisc", "show", "dev", IFACE]).stdout.strip()
+
+    @property
+    def rate_bits(self) -> float | None:
+        """The link rate in bit/s (None: unshaped)."""
+        return parse_rate(self.rate)
+
+    # --- running things ----------------------------------------------------------------------
+
+    def host_argv(self, host: int, command: list[str]) -> list[str]:
+        """argv that runs `command` inside host `host`'s namespace."""
+        ns = self.names[host]
+        name = ["sh", "-c", 'hostname "$0" && exec "$@"', ns]  # its own host name, as a host has
+        return ["ip", "netns", "exec", ns, "unshare", "--uts", *name, *command]
+
+    def mpirun_argv(self, command: list[str], *, ranks_per_host: int = 1, mca=None) -> list[str]:
+        """argv of an mpirun (started in host 0) with `ranks_per_host` ranks on each host.
+
+        Open MPI moves everything over TCP on the cluster's subnet; ranks waiting in MPI yield
+        their core; `mca` adds or overrides MCA parameters ({"name": "value"}).
+        """
+        if self._agent is None:
+            raise ClusterError("the cluster is not started")
+        params = {
+            "plm_rsh_agent": self._agent,
+            "btl": "tcp,self",
+            "btl_tcp_if_include": self.subnet,
+            "oob_tcp_if_include": self.subnet,
+            "mpi_yield_when_idle": "1",
+            **(mca or {}),
+        }
+        hosts = ",".join(f"{a}:{ranks_per_host}" for a in self.addresses)
+        argv = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "--host", hosts]
+        argv += ["-np", str(self.hosts * ranks_per_host)]
+        for k, v in params.items():
+            argv += ["--mca", k, str(v)]
+        return self.host_argv(0, [*argv, *command])
+
+    def run(
+        self,
+        command: list[str],
+        *,
+        ranks_per_host: int = 1,
+        timeout: float | None = None,
+        env: dict | None = None,
+        mca: dict | None = None,
+        capture: bool = False,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess:
+        """Run `command` on every host under mpirun; wait (at most `timeout` s) and return.
+
+        The job gets its own process group, ended as a whole on timeout or interruption.
+        `capture`: collect stdout/stderr (text) instead of passing them through.
+        """
+        argv = self.mpirun_argv(command, ranks_per_host=ranks_per_host, mca=mca)
+        return self._wait(argv, command[0], timeout, env, capture, check)
+
+    def run_on(
+        self,
+        host: int,
+        command: list[str],
+        *,
+        timeout: float | None = None,
+        env: dict | None = None,
+        capture: bool = False,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess:
+        """Run a plain command (no mpirun) inside host `host`, as `run` does."""
+        return self._wait(self.host_argv(host, command), command[0], timeout, env, capture, check)
+
+    def _wait(self, argv, label, timeout=None, env=None, capture=False, check=True):
+        out = subprocess.PIPE if capture else None
+        p = subprocess.Popen(
+            argv, env={**os.environ, **(env or {})}, stdout=out, stderr=out, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self._procs.append(p)
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(p)
+            raise ClusterError(f"{label} timed out after {timeout:g} s in the cluster") from None
+        finally:
+            _kill_group(p)
+            self._procs.remove(p)
+        if check and p.returncode:
+            tail = (stderr or "").strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
+            raise ClusterError(f"{label} failed in the cluster: {tail[0]}")
+        return subprocess.CompletedProcess(argv, p.returncode, stdout, stderr)
+
+    def throughput(self, src: int = 0, dst: int = 1, nbytes: int = 32 << 20) -> float:
+        """TCP bit/s from host `src` to `dst`: one stream of `nbytes`, on the receiver's clock."""
+        server = self.host_argv(dst, [sys.executable, "-c", _RECV, self.addresses[dst]])
+        srv = subprocess.Popen(server, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self._procs.append(srv)
+        try:
+            port = srv.stdout.readline().strip()
+            if not port:
+                raise ClusterError(f"the receiver in {self.names[dst]} did not start")
+            client = [sys.executable, "-c", _SEND, self.addresses[dst], port, str(nbytes)]
+            self.run_on(src, client, timeout=600, capture=True)
+            got, timed, seconds = srv.communicate(timeout=60)[0].split()
+        finally:
+            _kill_group(srv)
+            self._procs.remove(srv)
+        if int(got) != nbytes:
+            raise ClusterError(f"throughput probe: received {got} of {nbytes} bytes")
+        return int(timed) * 8 / float(seconds)
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    """End the process group `p` leads (it was started with start_new_session)."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        except ProcessLookupError:
+            pass
+    else:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # stragglers of a finished leader
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+_RECV = """
+import socket, sys, time
+s = socket.create_server((sys.argv[1], 0))
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+first = len(c.recv(1 << 20))  # the clock starts when data flows: this chunk is not timed
+t0, n = time.perf_counter(), 0
+while b := c.recv(1 << 20):
+    n += len(b)
+print(first + n, n, time.perf_counter() - t0)
+"""
+_SEND = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+left, block = int(sys.argv[3]), bytes(1 << 20)
+while left > 0:
+    left -= s.send(block[: min(left, len(block))])
+s.close()
+"""
