@@ -1,6 +1,6 @@
 // CPU XLA FFI handlers of the MPC codec (contract in cpu/handlers.h). Small rows of a batch run on
 // separate threads; a large row is cut into contiguous runs of chunks, one per thread, each then
-// moved behind the run before it (see EncodeRow).
+// copied behind the run before it (see EncodeRow).
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -93,15 +93,13 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
   const Runs runs{chunk_count(n), parts};
   const uint64_t head = header_bytes(n, wb), room = capacity - head;
   uint8_t* table = payload + kFixedHeader;
-  // Run p > 0 is written at its worst-case offset: inside the payload when that fits (no budget:
-  // the scratch pages are then never touched), else in the scratch. Run 0 writes in place; no run
-  // exceeds its worst case, so none overlaps another.
+  // Run 0 is written in place (cut at the capacity); run p > 0 at its worst-case offset in the
+  // scratch, then copied behind the run before. No run exceeds its worst case and no copy's
+  // source overlaps any destination, so the copies run in parallel. (Runs staged in the payload
+  // itself would need the moves one after another: a move can overwrite the next run's source.)
   std::vector<uint8_t*> at(parts);
-  for (size_t p = 0; p < parts; ++p) {
-    const uint64_t worst_begin = runs.begin(p) * kChunkWords * wb;
-    const uint64_t worst_end = std::min<uint64_t>(runs.begin(p + 1) * kChunkWords, n) * wb;
-    at[p] = (p == 0 || worst_end <= room ? payload + head : scratch) + worst_begin;
-  }
+  for (size_t p = 0; p < parts; ++p)
+    at[p] = p == 0 ? payload + head : scratch + runs.begin(p) * kChunkWords * wb;
   std::vector<uint64_t> total(parts);
   parallel_for(parts, 1, [&](size_t pb, size_t pe) {
     ChunkBuffers<U> buf;
@@ -122,13 +120,12 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
     end += load<uint32_t>(table + 4 * c);
     store<uint32_t>(table + 4 * c, end);
   }
-  // Move runs p > 0 behind the run before; a destination never reaches a later run's source.
   std::vector<uint64_t> start(parts + 1, 0);
   for (size_t p = 0; p < parts; ++p) start[p + 1] = start[p] + total[p];
   parallel_for(parts - 1, 1, [&](size_t pb, size_t pe) {
     for (size_t p = pb + 1; p < pe + 1; ++p)
       if (start[p] < room)
-        memmove(payload + head + start[p], at[p], std::min(total[p], room - start[p]));
+        memcpy(payload + head + start[p], at[p], std::min(total[p], room - start[p]));
   });
   memset(payload + kFixedHeader + 4 * runs.nchunks, 0, head - kFixedHeader - 4 * runs.nchunks);
   const uint64_t used = head + end;
