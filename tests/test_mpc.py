@@ -112,6 +112,29 @@ def test_roundtrip_bit_exact(device, dtype, dim):
         assert (np.asarray(enc.nbytes) <= _native.cpu.mpc_max_payload_bytes(n, wb)).all()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_portable_cpu_path_writes_the_same_payloads(dtype, monkeypatch):
+    # The CPU codec has a portable build and an x86-64-v3 one (AVX2 data movements for 32-bit
+    # words, full chunks only): both must write and read the same bytes.
+    rng = np.random.default_rng(9)
+    n = 5000  # four full chunks and a partial one
+    x = np.concatenate(
+        [patterns(dtype, n, rng), np.cumsum(rng.normal(size=(3, n)), 1).astype(dtype)]
+    )
+    for dim in (1, 3, 64):
+        codec = Mpc(dim=dim)
+        enc = jax.jit(jax.vmap(codec.encode))
+        dec = jax.jit(jax.vmap(lambda p, c=codec: decode_flat(p, n, x.dtype, c.dim, strict=False)))
+        fast = enc(x)
+        monkeypatch.setenv("JAXHC_MPC_PORTABLE", "1")
+        portable = enc(x)
+        y, status = dec(fast.payload)
+        monkeypatch.delenv("JAXHC_MPC_PORTABLE")
+        np.testing.assert_array_equal(np.asarray(portable.payload), np.asarray(fast.payload))
+        assert not np.asarray(status).any()
+        np.testing.assert_array_equal(bits(y), bits(x))
+
+
 def test_sizes_are_exact_formulas():
     for n in [1, 1023, 1024, 1025, 10**6]:
         for wb in (2, 4, 8):
