@@ -94,6 +94,10 @@ NB_MODULE(_jaxhc_cpu, m) {
         "Bytes of the MPC payload header (and chunk table) for n words of word_bytes each.");
   m.def("mpc_max_payload_bytes", &jaxhc::mpc::max_payload_bytes, nb::arg("n"),
         nb::arg("word_bytes"), "Worst-case MPC payload bytes for n words: never exceeded.");
+  m.def(
+      "mpc_status_message",
+      [](int32_t s) { return jaxhc::mpc::status_message(s); }, nb::arg("status"),
+      "What an MPC decode status (mpc::Status) means.");
   m.def("mpc_scratch_bytes", &jaxhc::mpc::scratch_bytes, nb::arg("n"), nb::arg("word_bytes"),
         "Bytes of the scratch result the MPC encoder takes per item of n words.");
 }
