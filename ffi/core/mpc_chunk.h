@@ -277,6 +277,9 @@ JAXHC_HD Status decode_chunk(const Team& team, const uint8_t* s, uint32_t size, 
   for (int q = 0; q < S; ++q) carry[q] = first + q < T ? r.a[W - 1][q] : U(0);
   team.scan(carry);
   JAXHC_UNROLL
+  for (int q = 0; q < S; ++q)
+    if (first + q >= T) carry[q] = 0;  // an empty slot stays zero
+  JAXHC_UNROLL
   for (int k = 0; k < W; ++k)
     JAXHC_UNROLL
     for (int q = 0; q < S; ++q) r.a[k][q] = U(r.a[k][q] + carry[q]);
@@ -304,6 +307,9 @@ JAXHC_HD Status decode_chunk(const Team& team, const uint8_t* s, uint32_t size, 
   JAXHC_UNROLL
   for (int q = 0; q < S; ++q) carry[q] = first + q < T ? r.a[W - 1][q] : U(0);
   team.scan(carry);
+  JAXHC_UNROLL
+  for (int q = 0; q < S; ++q)
+    if (first + q >= T) carry[q] = 0;  // an empty slot stays zero
   JAXHC_UNROLL
   for (int k = 0; k < W; ++k)
     JAXHC_UNROLL
