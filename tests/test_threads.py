@@ -2,7 +2,8 @@
 trips and (ZFP) zfpy's stream, on rows of several MiB; the MPC encoder's split of a large row
 across threads (the shape that once raced: >= 3 runs) included. The variable is read once per
 process, so every thread count runs in its own subprocess; more threads than cores is the point
-(it is how a 2-core machine runs the >= 3-thread code paths)."""
+(it is how a 2-core machine runs the >= 3-thread code paths). Eight handlers at once (one per
+simulated device) share the pool."""
 
 from __future__ import annotations
 
@@ -57,6 +58,17 @@ eb = jax.jit(jax.vmap(b.encode))(rows)
 yb = jax.jit(jax.vmap(lambda p: b.decode(p, (1 << 20,), jnp.bfloat16)))(eb.payload)
 out["mpc_rows"] = digest(eb.payload)
 out["mpc_rows_exact"] = bool(np.array_equal(np.asarray(yb).view(np.uint16), rows.view(np.uint16)))
+# Eight handlers at once (one per host device), each splitting its 2 MiB row over the pool.
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+xs = np.stack([walk(1 << 19, 10 + i) for i in range(8)])
+def per_device(v):
+    enc = Mpc().encode(v[0])
+    return enc.payload[None], Mpc().decode(enc.payload, v[0].shape, v.dtype)[None]
+f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+pd, yd = f(jax.device_put(xs, NamedSharding(mesh, P("d"))))
+out["mpc_devices"] = digest(pd)
+out["mpc_devices_exact"] = bool(np.array_equal(np.asarray(yd).view(np.uint32), xs.view(np.uint32)))
 # ZFP, rate 8, against zfpy in the parent.
 z = walk(int(sys.argv[1]), 4)
 zc = Zfp(rate=int(sys.argv[2]))
@@ -100,6 +112,8 @@ def test_mpc_same_payloads_for_every_thread_count(results):
         assert r["mpc"] == [one["mpc"][0]] * 3, f"JAXHC_THREADS={t}: payloads differ"
         assert r["mpc_cut"] == [False, one["mpc_cut"][1]], f"JAXHC_THREADS={t}: budget cut"
         assert r["mpc_rows"] == one["mpc_rows"], f"JAXHC_THREADS={t}: batch payloads differ"
+        assert r["mpc_devices_exact"], f"JAXHC_THREADS={t}: 8 handlers at once: not bit-exact"
+        assert r["mpc_devices"] == one["mpc_devices"], f"JAXHC_THREADS={t}: 8 handlers at once"
 
 
 def test_zfp_matches_zfpy_for_every_thread_count(results):
