@@ -200,9 +200,11 @@ JAXHC_HD uint32_t encode_chunk(const Team& team, In in, uint32_t m, uint32_t dim
   JAXHC_UNROLL
   for (int q = 0; q < S; ++q) r.nz[q] = 0;
   JAXHC_UNROLL
-  for (int k = 0; k < W; ++k)
+  for (int k = 0; k < W; ++k) {
+    const U bit = U(U(1) << k);
     JAXHC_UNROLL
-    for (int q = 0; q < S; ++q) r.nz[q] |= U(U(r.a[k][q] != 0) << k);
+    for (int q = 0; q < S; ++q) r.nz[q] |= r.a[k][q] != 0 ? bit : U(0);  // a select: SIMD
+  }
   JAXHC_UNROLL
   for (int q = 0; q < S; ++q)
     if (first + q >= T) r.nz[q] = 0;  // an empty slot (a GPU lane past the tiles)
