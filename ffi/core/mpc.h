@@ -1,6 +1,7 @@
 // MPC lossless codec core, host and device code: Yang, Mukka, Hesaaraki, Burtscher, "MPC: A
 // Massively Parallel Compression Algorithm for Scientific Data" (IEEE Cluster 2015), pipeline 1.2.
 // Integer operations only, so every bit pattern (NaN payloads, -0.0, denormals, Inf) round-trips.
+// This header: the format, its sizes and checks; core/mpc_chunk.h: the chunk pipeline.
 //
 // Transform of one chunk (up to 1024 words of W bits; chunks are independent):
 //   1. d[i] = x[i] - x[i - dim] (wraparound), d[i] = x[i] for i < dim: a chunk never looks outside
