@@ -17,6 +17,9 @@ try:
 except ImportError:
     cuda = None
 
+# Reads (once) and checks JAXHC_THREADS: a bad value is an error here, not in a handler.
+cpu.threads()
+
 for _name, _capsule in cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 if cuda is not None:
