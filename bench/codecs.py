@@ -2,7 +2,7 @@
 
     make bench                           # the full run: bench/results/codecs.json
     .venv/bin/python bench/codecs.py [--n 16777216] [--repeats 7] [--rates 4 8 16 24]
-        [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
+        [--dtypes float32 bfloat16] [--ratio-n 1048576] [--threads 1 all] [--out PATH]
     .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
 Throughput (first two tables). jaxhc's ZFP at each rate and MPC (dim 1, no budget) encode and
@@ -14,7 +14,9 @@ JSON keeps the median and the CPU times too). "/zfpy" is our GB/s over zfpy's. "
 bytes / bytes the payload uses: rate-R ZFP stores R bits per value, so bfloat16 at rate 24 expands
 (ratio < 1); MPC's ratio is what it achieved on this data. The first table is wall-clock time; the
 second divides by the process CPU time instead (all threads), less sensitive to other jobs on the
-machine but blind to parallel speed-up.
+machine but blind to parallel speed-up. Both tables come once per codec thread count (--threads:
+1 and "all", the affinity mask's CPUs or JAXHC_THREADS): each count runs in its own process, since
+the count is read once per process.
 
 Compression ratio (third table). Lossless MPC, dims 1, 2 and 4, on float32 and bfloat16 copies of:
 the weights of jaxhc's GPT (`jaxhc.model.gpt`, byte-level, 4 layers x 256 wide) at its GPT-2
@@ -27,6 +29,10 @@ fits when ratio >= 1/b; below that a collective falls back to sending raw.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +40,7 @@ import numpy as np
 import zfpy
 from _common import fmt, gbps, markdown_table, print_table, time_codec, timings, write_json
 
+from jaxhc import _native
 from jaxhc.codecs import Mpc, Zfp
 
 ZFP_RATES = (4, 8, 16, 24)
@@ -62,12 +69,13 @@ def bench_zfpy(x: np.ndarray, rate: float, repeats: int) -> dict:
 def throughput(n: int, repeats: int, rates, dtypes) -> list[dict]:
     """One record per (codec, dtype): jaxhc's timings, zfpy's for ZFP on float32, and memcpy."""
     base = random_walk(n)
+    threads = _native.cpu.threads()
     records = []
     for dtype in dtypes:
         x_np = base.astype(jnp.dtype(dtype))
         x = jax.device_put(x_np)
         for codec in [*(Zfp(rate=r) for r in rates), Mpc()]:
-            rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes}
+            rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes, "threads": threads}
             rec["jaxhc"] = time_codec(codec, x, repeats)
             if isinstance(codec, Zfp) and dtype == "float32":
                 rec["zfpy"] = bench_zfpy(x_np, codec.rate, repeats)
@@ -79,6 +87,7 @@ def throughput(n: int, repeats: int, rates, dtypes) -> list[dict]:
                 "codec": "memcpy",
                 "dtype": dtype,
                 "bytes": x_np.nbytes,
+                "threads": 1,
                 "numpy": {"encode": copy, "decode": copy},
             }
         )
@@ -204,6 +213,21 @@ def ratio_table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
     return columns, rows
 
 
+def throughput_with_threads(setting: str, args) -> list[dict]:
+    """`throughput` in a child process whose codecs use `setting` threads ("all": the default)."""
+    env = dict(os.environ)
+    env.pop("JAXHC_THREADS", None)
+    if setting != "all":
+        env["JAXHC_THREADS"] = setting
+    cmd = [sys.executable, os.path.abspath(__file__), "--throughput-json", "--n", str(args.n)]
+    cmd += ["--repeats", str(args.repeats), "--rates", *map(str, args.rates)]
+    cmd += ["--dtypes", *args.dtypes]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"throughput with threads={setting} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -213,23 +237,38 @@ def main(argv=None) -> None:
     ap.add_argument("--rates", type=float, nargs="+", default=ZFP_RATES, help="ZFP rates")
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
     ap.add_argument("--ratio-n", type=int, default=1 << 20, help="values per synthetic ratio set")
+    ap.add_argument(
+        "--threads",
+        nargs="+",
+        default=["1", "all"],
+        help='codec thread counts to time, each in its own process ("all": the default count)',
+    )
+    ap.add_argument("--throughput-json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1M values, 2 repeats, a smaller GPT")
     ap.add_argument("--out", help="JSON path (default bench/results/codecs[_quick].json)")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.repeats, args.ratio_n = 1 << 20, 2, 1 << 16
 
-    records = throughput(args.n, args.repeats, args.rates, args.dtypes)
+    if args.throughput_json:  # the child process of throughput_with_threads
+        print(json.dumps(throughput(args.n, args.repeats, args.rates, args.dtypes)))
+        return
+
     what = f"{args.n} values, best of {args.repeats}, GB/s of input, {jax.devices()[0]}"
     notes = [
         "zfpy has no bfloat16: its columns are n/a there.",
         "ratio: raw / used bytes (MPC: achieved on this random walk).",
     ]
-    tables = {}
-    for key, title in (("s", "codec throughput, wall clock"), ("cpu_s", "per CPU-second")):
-        rows = throughput_rows(records, key)
-        print_table(f"{title}: {what}", THROUGHPUT_COLUMNS, rows, notes)
-        tables[key] = markdown_table(THROUGHPUT_COLUMNS, rows, notes)
+    records, tables = [], {}
+    for setting in args.threads:
+        recs = throughput_with_threads(setting, args)
+        records += recs
+        threads = recs[0]["threads"]
+        for key, title in (("s", "wall clock"), ("cpu_s", "per CPU-second")):
+            rows = throughput_rows(recs, key)
+            name = f"codec throughput, {threads} thread{'s' if threads > 1 else ''}, {title}"
+            print_table(f"{name}: {what}", THROUGHPUT_COLUMNS, rows, notes)
+            tables[f"{key}_threads{setting}"] = markdown_table(THROUGHPUT_COLUMNS, rows, notes)
 
     ratios = mpc_ratios(ratio_sets(args.ratio_n, args.quick), args.dtypes)
     columns, rows = ratio_table(ratios)
@@ -246,6 +285,7 @@ def main(argv=None) -> None:
         {
             "n": args.n,
             "repeats": args.repeats,
+            "threads": args.threads,
             "ratio_n": args.ratio_n,
             "throughput_data": "random walk (cumsum of N(0,1)) in float32, then cast",
             "throughput": records,

@@ -22,6 +22,9 @@ try:  # built where an MPI library was found (the fused collectives of the MPI t
 except ImportError:
     mpi = None
 
+# Reads (once) and checks JAXHC_THREADS: a bad value is an error here, not in a handler.
+cpu.threads()
+
 for _name, _capsule in cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 if mpi is not None:

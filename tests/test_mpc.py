@@ -1,6 +1,13 @@
 """MPC codec: bit-exact round trips of numpy-made bit patterns, payload sizes, budgets, jit / vmap /
-shard_map, decoder errors and a decoder fuzz. Every test runs on each platform present (CPU, and
-CUDA when a GPU is there); the CUDA decoder reports errors by status only, never by raising."""
+shard_map, decoder errors and a decoder fuzz. The tests that take a `device` run on the CPU and,
+marked ``gpu`` (skipped without one), on the GPU: there the same assertions hold, the payloads
+must be the CPU's byte for byte, and a malformed payload is an error too (raised by the host
+check of the decoder's status instead of by the decoder itself). On a GPU machine, also under
+compute-sanitizer:
+
+    XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck \
+        python -m pytest -q -m gpu tests/test_mpc.py -k "not fuzz_decoder_long"
+"""
 
 import functools
 
@@ -14,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxhc import _native
 from jaxhc.codecs import Mpc
-from jaxhc.codecs._mpc import decode_flat
+from jaxhc.codecs._mpc import checked_on_host, decode_flat, status_message
 
 WIDTH = fuzz_mpc.WIDTH
 # (sign, exponent, mantissa) bits
@@ -25,21 +32,31 @@ LAYOUT = {
     "float64": (1, 11, 52),
 }
 SIZES = [1, 2, 15, 17, 31, 33, 63, 65, 1023, 1024, 1025, 2049, 3000]
+# What a failed decode raises: the CPU decoder's FFI error; from the host check of a GPU decode's
+# status, jax's error for a failed callback (a ValueError when the call ran synchronously).
+DECODE_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
 # mpc::Status
 OK, BAD_MAGIC, BAD_WORD, BAD_DIM, BAD_COUNT, BAD_USED, BAD_TABLE, BAD_STREAM, BAD_PAD = range(9)
 
 
-def _platforms():
-    found = ["cpu"]
+def _has_gpu() -> bool:
     try:
-        if jax.devices("cuda"):
-            found.append("cuda")
+        return bool(jax.devices("gpu"))
     except RuntimeError:
-        pass
-    return found
+        return False
 
 
-@pytest.fixture(params=_platforms())
+PLATFORMS = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param(
+        "gpu",
+        id="gpu",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not _has_gpu(), reason="no GPU")],
+    ),
+]
+
+
+@pytest.fixture(params=PLATFORMS)
 def device(request):
     return jax.devices(request.param)[0]
 
@@ -110,6 +127,29 @@ def test_roundtrip_bit_exact(device, dtype, dim):
         np.testing.assert_array_equal(bits(y), bits(x), err_msg=f"n={n}")
         assert bool(enc.ok.all())
         assert (np.asarray(enc.nbytes) <= _native.cpu.mpc_max_payload_bytes(n, wb)).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_portable_cpu_path_writes_the_same_payloads(dtype, monkeypatch):
+    # The CPU codec has a portable build and an x86-64-v3 one (AVX2 data movements for 32-bit
+    # words, full chunks only): both must write and read the same bytes.
+    rng = np.random.default_rng(9)
+    n = 5000  # four full chunks and a partial one
+    x = np.concatenate(
+        [patterns(dtype, n, rng), np.cumsum(rng.normal(size=(3, n)), 1).astype(dtype)]
+    )
+    for dim in (1, 3, 64):
+        codec = Mpc(dim=dim)
+        enc = jax.jit(jax.vmap(codec.encode))
+        dec = jax.jit(jax.vmap(lambda p, c=codec: decode_flat(p, n, x.dtype, c.dim, strict=False)))
+        fast = enc(x)
+        monkeypatch.setenv("JAXHC_MPC_PORTABLE", "1")
+        portable = enc(x)
+        y, status = dec(fast.payload)
+        monkeypatch.delenv("JAXHC_MPC_PORTABLE")
+        np.testing.assert_array_equal(np.asarray(portable.payload), np.asarray(fast.payload))
+        assert not np.asarray(status).any()
+        np.testing.assert_array_equal(bits(y), bits(x))
 
 
 def test_sizes_are_exact_formulas():
@@ -191,11 +231,12 @@ def test_large_row_split_across_threads(device):
     ends = p[16 : 16 + 4 * 391].view(np.uint32)
     for c in (300, 10):
         p[head + ends[c - 1]] ^= 0x40  # top word: its bitmap count no longer fits the size
+    p = jax.device_put(p, device)
     _, st = jax.jit(lambda q: decode_flat(q, n, jnp.float32, 1, strict=False))(p)
     assert int(st) == BAD_STREAM
-    if device.platform == "cpu":
-        with pytest.raises(jax.errors.JaxRuntimeError, match=r"row 0, chunk 10: chunk stream"):
-            jax.jit(lambda q: Mpc().decode(q, (n,), jnp.float32))(p).block_until_ready()
+    where = "row 0, chunk 10" if device.platform == "cpu" else "the payload"
+    with pytest.raises(DECODE_ERRORS, match=rf"mpc decode: {where}: chunk stream"):
+        jax.jit(lambda q: Mpc().decode(q, (n,), jnp.float32))(p).block_until_ready()
 
 
 def test_jit_vmap_match_single_rows(device):
@@ -285,14 +326,21 @@ def test_decode_errors(device):
     # the dim must match the encoder's
     _, st = jax.jit(lambda q: decode_flat(q, n, jnp.float32, 2, strict=False))(rows[0])
     assert int(st) == BAD_DIM
-    if device.platform == "cpu":  # CPU: a clean error naming the first bad row
-        strict = jax.jit(lambda q: Mpc().decode(q, (n,), jnp.float32))
-        with pytest.raises(jax.errors.JaxRuntimeError, match=r"mpc decode: row 0.*bad magic"):
-            strict(rows[1]).block_until_ready()
-        with pytest.raises(jax.errors.JaxRuntimeError, match=r"mpc decode: row 0, chunk 0: chunk"):
-            strict(rows[6]).block_until_ready()
-        with pytest.raises(jax.errors.JaxRuntimeError, match=r"mpc decode: row 1: not an MPC"):
-            jax.jit(jax.vmap(lambda q: Mpc().decode(q, (n,), jnp.float32)))(rows[:3])
+    # Mpc.decode: a one-line error naming the first bad row (and chunk, on CPU) on every platform
+    rows = jax.device_put(rows, device)
+    cpu = device.platform == "cpu"
+    strict = jax.jit(lambda q: Mpc().decode(q, (n,), jnp.float32))
+    with pytest.raises(DECODE_ERRORS, match=r"mpc decode: .*: not an MPC v1 payload"):
+        strict(rows[1]).block_until_ready()
+    where = "row 0, chunk 0" if cpu else "the payload"
+    with pytest.raises(DECODE_ERRORS, match=rf"mpc decode: {where}: chunk stream"):
+        strict(rows[6]).block_until_ready()
+    with pytest.raises(DECODE_ERRORS, match=r"mpc decode: row 1: not an MPC"):
+        jax.jit(jax.vmap(lambda q: Mpc().decode(q, (n,), jnp.float32)))(
+            rows[:3]
+        ).block_until_ready()
+    good = jax.jit(jax.vmap(lambda q: Mpc().decode(q, (n,), jnp.float32)))(rows[:1])
+    np.testing.assert_array_equal(bits(good[0]), bits(x))
 
 
 def test_partial_chunk_padding_checked(device):
@@ -320,3 +368,43 @@ def test_fuzz_decoder(device):
 @pytest.mark.slow
 def test_fuzz_decoder_long(device):
     fuzz_mpc.run(cases=300_000, seed=6, batch=4096, device=device)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="no GPU")
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_gpu_payloads_are_the_cpu_payloads(dtype):
+    # Two backends, one pipeline: the same bytes for every bit pattern, dim and size (budget cuts
+    # included), and each decodes the other's payloads.
+    rng = np.random.default_rng(11)
+    cpu, gpu = jax.devices("cpu")[0], jax.devices("gpu")[0]
+    for n in (1, 33, 1023, 1025, 3000, 70_000):
+        x = patterns(dtype, n, rng)
+        for codec in (Mpc(), Mpc(dim=3), Mpc(dim=64), Mpc(budget=0.5)):
+            enc = jax.jit(jax.vmap(codec.encode))
+            on_cpu, on_gpu = enc(jax.device_put(x, cpu)), enc(jax.device_put(x, gpu))
+            for field in ("payload", "nbytes", "ok"):
+                np.testing.assert_array_equal(
+                    np.asarray(getattr(on_gpu, field)),
+                    np.asarray(getattr(on_cpu, field)),
+                    err_msg=f"{codec.spec} n={n} {field}",
+                )
+            one = functools.partial(decode_flat, n=n, dtype=x.dtype, dim=codec.dim, strict=False)
+            dec = jax.jit(jax.vmap(one))
+            y, status = dec(jax.device_put(np.asarray(on_cpu.payload), gpu))
+            fits = np.asarray(on_cpu.ok)
+            assert (np.asarray(status)[fits] == OK).all()
+            np.testing.assert_array_equal(bits(np.asarray(y)[fits]), bits(x[fits]))
+
+
+def test_host_check_of_the_status():
+    # The GPU's decode path (a host callback on the status) run on the CPU: bit-exact when every
+    # status is 0 (-0.0 and NaN payloads in the first word included), else a one-line error.
+    x = np.array([[-0.0, 1, 2], [np.nan, 3, 4]], np.float32)
+    x[1, 0] = np.array([0x7FC12345], np.uint32).view(np.float32)[0]
+    check = jax.jit(jax.vmap(checked_on_host))
+    y = check(x, np.zeros(2, np.int32))
+    np.testing.assert_array_equal(bits(y), bits(x))
+    with pytest.raises(DECODE_ERRORS, match=r"mpc decode: row 1: chunk table is corrupt"):
+        check(x, np.array([0, BAD_TABLE], np.int32)).block_until_ready()
+    assert status_message(BAD_PAD) == "chunk stream has nonzero padding"

@@ -1,6 +1,7 @@
 // MPC lossless codec core, host and device code: Yang, Mukka, Hesaaraki, Burtscher, "MPC: A
 // Massively Parallel Compression Algorithm for Scientific Data" (IEEE Cluster 2015), pipeline 1.2.
 // Integer operations only, so every bit pattern (NaN payloads, -0.0, denormals, Inf) round-trips.
+// This header: the format, its sizes and checks; core/mpc_chunk.h: the chunk pipeline.
 //
 // Transform of one chunk (up to 1024 words of W bits; chunks are independent):
 //   1. d[i] = x[i] - x[i - dim] (wraparound), d[i] = x[i] for i < dim: a chunk never looks outside
@@ -114,56 +115,36 @@ inline const char* status_message(int32_t s) {
   }
 }
 
+// Word access at an address aligned to the word: every access of this format is (payloads are
+// 8-aligned, streams start at multiples of max(4, wb), and every field sits at a multiple of its
+// size within them). Device code uses plain aligned accesses, since nvcc compiles a memcpy into
+// byte accesses; host code uses memcpy, which compiles to one move and keeps type-based alias
+// analysis out of it.
 template <typename U>
 JAXHC_HD U load(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const U*>(p);
+#else
   U v;
   memcpy(&v, p, sizeof(U));
   return v;
+#endif
 }
 template <typename U>
 JAXHC_HD void store(uint8_t* p, U v) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<U*>(p) = v;
+#else
   memcpy(p, &v, sizeof(U));
-}
-
-// Transposes W x W bit matrices in place, `Lanes` of them side by side: row k of matrix j is
-// a[k * Lanes + j]. Afterwards bit k of a[b * Lanes + j] is the old bit b of a[k * Lanes + j].
-// The CPU runs all tiles of a chunk as lanes (one SIMD-friendly inner loop); a GPU thread runs one.
-template <typename U, int Lanes>
-JAXHC_HD void transpose_bits(U* a) {
-  constexpr int W = sizeof(U) * 8;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
 #endif
-  for (int s = W / 2; s > 0; s >>= 1) {
-    const U mask = U(U(~U(0)) / U((U(1) << s) | 1));  // bit positions p with (p & s) == 0
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int k = 0; k < W; ++k) {
-      if (k & s) continue;
-      U* lo = a + k * Lanes;
-      U* hi = a + (k + s) * Lanes;
-      for (int j = 0; j < Lanes; ++j) {
-        U t = U(U(U(lo[j] >> s) ^ hi[j]) & mask);
-        lo[j] ^= U(t << s);
-        hi[j] ^= t;
-      }
-    }
-  }
 }
-
-struct Header {
-  uint32_t magic;
-  uint8_t word_bytes, dim;
-  uint16_t reserved;
-  uint32_t n, used;
-};
-static_assert(sizeof(Header) == kFixedHeader, "header layout");
 
 // Writes the fixed header; the chunk table follows at kFixedHeader.
 JAXHC_HD void write_header(uint8_t* p, uint32_t n, uint32_t wb, uint32_t dim, uint32_t used) {
-  Header h{kMagic, uint8_t(wb), uint8_t(dim), 0, n, used};
-  memcpy(p, &h, sizeof h);
+  store<uint32_t>(p, kMagic);
+  store<uint32_t>(p + 4, wb | dim << 8);  // word bytes, dim, reserved u16 zero
+  store<uint32_t>(p + 8, n);
+  store<uint32_t>(p + 12, used);
 }
 JAXHC_HD uint32_t table_end(const uint8_t* payload, uint64_t c) {
   return load<uint32_t>(payload + kFixedHeader + 4 * c);
@@ -172,14 +153,13 @@ JAXHC_HD uint32_t table_end(const uint8_t* payload, uint64_t c) {
 // Checks the header against what the caller expects. Needs capacity >= header_bytes(n, wb).
 JAXHC_HD Status check_header(const uint8_t* p, uint64_t capacity, uint32_t n, uint32_t wb,
                              uint32_t dim) {
-  Header h;
-  memcpy(&h, p, sizeof h);
-  if (h.magic != kMagic || h.reserved != 0) return kBadMagic;
-  if (h.word_bytes != wb) return kBadWordSize;
-  if (h.dim != dim) return kBadDim;
-  if (h.n != n) return kBadCount;
+  const uint32_t kind = load<uint32_t>(p + 4), used = load<uint32_t>(p + 12);
+  if (load<uint32_t>(p) != kMagic || kind >> 16 != 0) return kBadMagic;
+  if ((kind & 0xFF) != wb) return kBadWordSize;
+  if ((kind >> 8 & 0xFF) != dim) return kBadDim;
+  if (load<uint32_t>(p + 8) != n) return kBadCount;
   uint64_t nchunks = chunk_count(n), head = header_bytes(n, wb);
-  if (h.used > capacity || h.used != head + table_end(p, nchunks - 1)) return kBadUsed;
+  if (used > capacity || used != head + table_end(p, nchunks - 1)) return kBadUsed;
   for (uint64_t i = kFixedHeader + 4 * nchunks; i < head; ++i)
     if (p[i]) return kBadMagic;
   return kOk;
@@ -220,154 +200,6 @@ JAXHC_HD Status parse_stream(const uint8_t* s, uint32_t size, uint32_t wb, uint3
     if (s[i]) return kBadPadding;
   *top = t;
   *nnz = count;
-  return kOk;
-}
-
-// ---- Serial chunk codec (one thread per chunk; the CPU handlers run it on every core) ----
-// The chunk lives as rows of all tiles side by side, a[k * T + j] = word k of tile j, so that the
-// transpose, both differences and the bitmap are loops over whole rows the compiler vectorizes.
-// After the transpose, a[b * T + j] = plane b of tile j = y[j * W + b].
-
-template <typename U>
-struct ChunkBuffers {
-  static constexpr int W = sizeof(U) * 8, T = kChunkWords / W;
-  alignas(64) U a[kChunkWords];           // rows
-  alignas(64) U packed[kChunkWords + 1];  // the nonzero words, in stream order
-  alignas(64) U nz[T];                    // bit b of nz[j]: e of plane b of tile j is nonzero; as
-                                          // bytes, exactly the 32 bitmap words
-  alignas(64) uint8_t stage[kChunkWords * sizeof(U)];  // a stream cut short by the budget
-};
-
-// Encodes the chunk x[0, m) and writes its first min(stream size, room) bytes to out.
-// Returns the stream size (<= m * sizeof(U)).
-#if defined(__GNUC__)
-#define JAXHC_INLINE inline __attribute__((always_inline))  // into each CPU target clone
-#else
-#define JAXHC_INLINE inline
-#endif
-
-template <typename U>
-JAXHC_INLINE uint32_t encode_chunk(const U* x, uint32_t m, uint32_t dim, uint8_t* out,
-                                   uint64_t room, ChunkBuffers<U>& b) {
-  constexpr int W = ChunkBuffers<U>::W, T = ChunkBuffers<U>::T;
-  constexpr uint32_t wb = sizeof(U);
-  const uint32_t raw = m * wb;
-  U* a = b.a;
-  for (int j = 0; j < T; ++j) {  // step 1, stored as rows
-    const uint32_t i0 = uint32_t(j * W);
-    if (i0 >= dim && i0 + W <= m) {
-      for (int k = 0; k < W; ++k) a[k * T + j] = U(x[i0 + k] - x[i0 + k - dim]);
-    } else {
-      for (uint32_t k = 0, i = i0; k < uint32_t(W); ++k, ++i)
-        a[k * T + j] = i >= m ? U(0) : i >= dim ? U(x[i] - x[i - dim]) : x[i];
-    }
-  }
-  transpose_bits<U, T>(a);
-  // e = y[t] - y[t-1]: rows from the top down, then row 0 (plane 0 of tile j follows plane W-1
-  // of tile j-1, kept from before its row changed).
-  U last[T];
-  for (int j = 0; j < T; ++j) last[j] = a[(W - 1) * T + j];
-  for (int k = W - 1; k > 0; --k)
-    for (int j = 0; j < T; ++j) a[k * T + j] = U(a[k * T + j] - a[(k - 1) * T + j]);
-  for (int j = 1; j < T; ++j) a[j] = U(a[j] - last[j - 1]);
-
-  for (int j = 0; j < T; ++j) b.nz[j] = 0;
-  for (int k = 0; k < W; ++k)
-    for (int j = 0; j < T; ++j) b.nz[j] |= U(U(a[k * T + j] != 0) << k);
-  uint32_t bm[32], top = 0, nnz = 0;
-  memcpy(bm, b.nz, sizeof bm);
-  for (int r = 0; r < 32; ++r) {
-    top |= uint32_t(bm[r] != 0) << r;
-    nnz += uint32_t(popcount32(bm[r]));
-  }
-  const uint32_t nb = uint32_t(popcount32(top)), size = stream_bytes(nb, nnz, wb);
-  if (size >= raw) {
-    memcpy(out, x, room < raw ? room : raw);
-    return raw;
-  }
-  uint32_t pos = 0;  // branch-free compaction, y order
-  for (int j = 0; j < T; ++j)
-    for (int k = 0; k < W; ++k) {
-      U v = a[k * T + j];
-      b.packed[pos] = v;
-      pos += v != 0;
-    }
-  uint8_t* s = room >= size ? out : b.stage;
-  store<uint32_t>(s, top);
-  uint8_t* p = s + 4;
-  for (int r = 0; r < 32; ++r)
-    if (bm[r]) store<uint32_t>(p, bm[r]), p += 4;
-  const uint32_t data = data_offset(nb, wb);
-  memset(p, 0, s + data - p);
-  memcpy(s + data, b.packed, nnz * wb);
-  memset(s + data + nnz * wb, 0, size - data - nnz * wb);
-  if (s == b.stage) memcpy(out, b.stage, room < size ? room : size);
-  return size;
-}
-
-// Decodes chunk stream s (size bytes, already located) into x[0, m).
-template <typename U>
-JAXHC_INLINE Status decode_chunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim,
-                                 U* x, ChunkBuffers<U>& b) {
-  constexpr int W = ChunkBuffers<U>::W, T = ChunkBuffers<U>::T;
-  constexpr uint32_t wb = sizeof(U);
-  if (size == m * wb) {
-    memcpy(x, s, size);
-    return kOk;
-  }
-  uint32_t top, nnz;
-  if (Status st = parse_stream(s, size, wb, &top, &nnz)) return st;
-  uint32_t bm[32];
-  const uint8_t* p = s + 4;
-  for (int r = 0; r < 32; ++r)
-    if (top >> r & 1) bm[r] = load<uint32_t>(p), p += 4;
-    else bm[r] = 0;
-  memcpy(b.nz, bm, sizeof bm);
-  U* a = b.a;
-  // Branch-free expansion from a local copy of the stored words (with a spare slot, so the read
-  // after the last one stays inside); then every stored word must have come out nonzero.
-  memcpy(b.packed, s + data_offset(uint32_t(popcount32(top)), wb), nnz * wb);
-  b.packed[nnz] = 0;
-  uint32_t pos = 0;
-  for (int j = 0; j < T; ++j) {
-    U bits = b.nz[j];
-    for (int k = 0; k < W; ++k, bits >>= 1) {
-      U bit = U(bits & 1);
-      a[k * T + j] = U(b.packed[pos] & U(0 - bit));
-      pos += uint32_t(bit);
-    }
-  }
-  uint32_t nonzero = 0;
-  for (uint32_t i = 0; i < kChunkWords; ++i) nonzero += a[i] != 0;
-  if (nonzero != nnz) return kBadStream;  // the bitmap promised a nonzero word
-  // y = prefix sums of e: within each tile (rows), then carried across tiles.
-  for (int k = 1; k < W; ++k)
-    for (int j = 0; j < T; ++j) a[k * T + j] = U(a[k * T + j] + a[(k - 1) * T + j]);
-  U carry[T];
-  carry[0] = 0;
-  for (int j = 1; j < T; ++j) carry[j] = U(carry[j - 1] + a[(W - 1) * T + j - 1]);
-  for (int k = 0; k < W; ++k)
-    for (int j = 0; j < T; ++j) a[k * T + j] = U(a[k * T + j] + carry[j]);
-  transpose_bits<U, T>(a);
-  for (int j = 0; j < T; ++j) {  // undo step 1; words past m must be zero
-    const uint32_t i0 = uint32_t(j * W);
-    if (i0 >= dim && i0 + W <= m) {
-      if (dim == 1) {  // the common case, summed in a register, not through memory
-        U acc = x[i0 - 1];
-        for (int k = 0; k < W; ++k) x[i0 + k] = acc = U(acc + a[k * T + j]);
-      } else {
-        for (int k = 0; k < W; ++k) x[i0 + k] = U(a[k * T + j] + x[i0 + k - dim]);
-      }
-    } else {
-      for (uint32_t k = 0, i = i0; k < uint32_t(W); ++k, ++i) {
-        if (i >= m) {
-          if (a[k * T + j]) return kBadPadding;
-        } else {
-          x[i] = i >= dim ? U(a[k * T + j] + x[i - dim]) : a[k * T + j];
-        }
-      }
-    }
-  }
   return kOk;
 }
 

@@ -10,6 +10,7 @@
 #include "core/mpc.h"
 #include "core/zfp.h"
 #include "cpu/handlers.h"
+#include "cpu/parallel.h"
 
 namespace nb = nanobind;
 
@@ -74,6 +75,15 @@ NB_MODULE(_jaxhc_cpu, m) {
     d["jaxhc_mpc_decode"] = Capsule(JaxhcMpcDecodeCpu);
     return d;
   });
+  m.def(
+      "threads",
+      [] {
+        const jaxhc::ThreadSetting& s = jaxhc::thread_setting();
+        if (!s.error.empty()) throw std::invalid_argument(s.error);
+        return s.threads;
+      },
+      "Threads each codec call may use: JAXHC_THREADS, else the CPUs of the process's affinity "
+      "mask (read once, at the first call).");
   m.def("zfp_payload_bytes", &jaxhc::zfp::payload_bytes, nb::arg("n"), nb::arg("maxbits"),
         "Bytes of a fixed-rate 1-D ZFP stream of n values (64-bit words, as zfpy writes it).");
   m.def("zfp_encode", &zfp_encode, nb::arg("x"), nb::arg("maxbits"),
@@ -84,6 +94,10 @@ NB_MODULE(_jaxhc_cpu, m) {
         "Bytes of the MPC payload header (and chunk table) for n words of word_bytes each.");
   m.def("mpc_max_payload_bytes", &jaxhc::mpc::max_payload_bytes, nb::arg("n"),
         nb::arg("word_bytes"), "Worst-case MPC payload bytes for n words: never exceeded.");
+  m.def(
+      "mpc_status_message",
+      [](int32_t s) { return jaxhc::mpc::status_message(s); }, nb::arg("status"),
+      "What an MPC decode status (mpc::Status) means.");
   m.def("mpc_scratch_bytes", &jaxhc::mpc::scratch_bytes, nb::arg("n"), nb::arg("word_bytes"),
         "Bytes of the scratch result the MPC encoder takes per item of n words.");
 }

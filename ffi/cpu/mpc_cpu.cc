@@ -1,9 +1,10 @@
 // CPU XLA FFI handlers of the MPC codec (contract in cpu/handlers.h). Small rows of a batch run on
 // separate threads; a large row is cut into contiguous runs of chunks, one per thread, each then
-// moved behind the run before it (see EncodeRow).
+// copied behind the run before it (see EncodeRow).
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -11,7 +12,11 @@
 
 #include "core/ffi_args.h"
 #include "core/mpc.h"
+#include "core/mpc_chunk.h"
 #include "cpu/handlers.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include "cpu/mpc_avx2.h"
+#endif
 #include "cpu/parallel.h"
 
 namespace ffi = xla::ffi;
@@ -40,24 +45,101 @@ void PreferHugePages(void* data, size_t bytes) {
 #endif
 }
 
-// The chunk codec is compiled twice, for x86-64-v3 (AVX2, BMI, POPCNT: ~30% faster here) and for
-// the baseline the module targets; the loader picks one per CPU (GCC function multiversioning).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define JAXHC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define JAXHC_CLONES
-#endif
+// A thread's working memory for one chunk at a time.
+template <typename U>
+struct ChunkWork {
+  alignas(64) ChunkRows<U, Tiles<U>::T> rows;
+  alignas(64) U stage[kChunkWords + 8];
+  alignas(64) U words[kChunkWords];
+};
+
+// Encodes the chunk x[0, m) and writes the first min(stream size, room) bytes of its stream to
+// out. Returns the stream size (<= m * sizeof(U)).
+template <typename U, typename Team>
+JAXHC_HD uint32_t EncodeWith(const Team& team, const U* x, uint32_t m, uint32_t dim,
+                             uint8_t* out, uint64_t room, ChunkWork<U>& w) {
+  uint8_t* stage = reinterpret_cast<uint8_t*>(w.stage);
+  const uint32_t size = encode_chunk<U>(team, Words<U>{x}, m, dim, w.rows, stage);
+  const void* stream = size == m * sizeof(U) ? static_cast<const void*>(x) : stage;
+  memcpy(out, stream, std::min<uint64_t>(size, room));
+  return size;
+}
+
+// Decodes chunk stream s (size bytes, located) into x[0, m).
+template <typename U, typename Team>
+JAXHC_HD Status DecodeWith(const Team& team, const uint8_t* s, uint32_t size, uint32_t m,
+                           uint32_t dim, U* x, ChunkWork<U>& w) {
+  if (size == m * sizeof(U)) {
+    memcpy(x, s, size);
+    return kOk;
+  }
+  return decode_chunk<U>(team, s, size, m, dim, w.rows, w.stage, x);
+}
+
+// The chunk codec twice: portable (the module's baseline), and on x86-64 compiled for x86-64-v3
+// with the AVX2 data movements for 32-bit words (cpu/mpc_avx2.h), chosen per call.
+template <typename U>
+struct ChunkCodec {
+  static uint32_t Encode(const U* x, uint32_t m, uint32_t dim, uint8_t* out, uint64_t room,
+                         ChunkWork<U>& w) {
+    return EncodeWith<U>(SerialTeam<U>{}, x, m, dim, out, room, w);
+  }
+  static Status Decode(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
+                       ChunkWork<U>& w) {
+    return DecodeWith<U>(SerialTeam<U>{}, s, size, m, dim, x, w);
+  }
+};
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define JAXHC_V3 __attribute__((target("arch=x86-64-v3")))
 
 template <typename U>
-JAXHC_CLONES uint32_t EncodeChunk(const U* x, uint32_t m, uint32_t dim, uint8_t* out,
-                                  uint64_t room, ChunkBuffers<U>& b) {
-  return encode_chunk<U>(x, m, dim, out, room, b);
+auto FastTeam(ChunkWork<U>& w) {
+  if constexpr (sizeof(U) == 4) return Avx2Team32{{}, shuffles(), w.words};
+  else return SerialTeam<U>{};
 }
 
 template <typename U>
-JAXHC_CLONES Status DecodeChunk(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
-                                ChunkBuffers<U>& b) {
-  return decode_chunk<U>(s, size, m, dim, x, b);
+struct FastChunkCodec {
+  JAXHC_V3 static uint32_t Encode(const U* x, uint32_t m, uint32_t dim, uint8_t* out,
+                                  uint64_t room, ChunkWork<U>& w) {
+    return EncodeWith<U>(FastTeam<U>(w), x, m, dim, out, room, w);
+  }
+  JAXHC_V3 static Status Decode(const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
+                                ChunkWork<U>& w) {
+    return DecodeWith<U>(FastTeam<U>(w), s, size, m, dim, x, w);
+  }
+};
+#endif
+
+// JAXHC_MPC_PORTABLE=1 forces the portable codec (the tests check both write the same payloads).
+bool UseFastCodec() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
+                          __builtin_cpu_supports("popcnt");
+  const char* portable = std::getenv("JAXHC_MPC_PORTABLE");
+  return cpu && !(portable && *portable && *portable != '0');
+#else
+  return false;
+#endif
+}
+
+template <typename U>
+uint32_t EncodeChunk(bool fast, const U* x, uint32_t m, uint32_t dim, uint8_t* out, uint64_t room,
+                     ChunkWork<U>& w) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (fast) return FastChunkCodec<U>::Encode(x, m, dim, out, room, w);
+#endif
+  return ChunkCodec<U>::Encode(x, m, dim, out, room, w);
+}
+
+template <typename U>
+Status DecodeChunk(bool fast, const uint8_t* s, uint32_t size, uint32_t m, uint32_t dim, U* x,
+                   ChunkWork<U>& w) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (fast) return FastChunkCodec<U>::Decode(s, size, m, dim, x, w);
+#endif
+  return ChunkCodec<U>::Decode(s, size, m, dim, x, w);
 }
 
 // Contiguous runs of chunks [begin(p), begin(p + 1)) for `parts` threads.
@@ -88,29 +170,27 @@ void ForRows(size_t rows, uint64_t nchunks, Fn&& fn) {
 
 template <typename U>
 int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64_t capacity,
-                  uint8_t* scratch, size_t parts) {
+                  uint8_t* scratch, size_t parts, bool fast) {
   constexpr uint32_t wb = sizeof(U);
   const Runs runs{chunk_count(n), parts};
   const uint64_t head = header_bytes(n, wb), room = capacity - head;
   uint8_t* table = payload + kFixedHeader;
-  // Run p > 0 is written at its worst-case offset: inside the payload when that fits (no budget:
-  // the scratch pages are then never touched), else in the scratch. Run 0 writes in place; no run
-  // exceeds its worst case, so none overlaps another.
+  // Run 0 is written in place (cut at the capacity); run p > 0 at its worst-case offset in the
+  // scratch, then copied behind the run before. No run exceeds its worst case and no copy's
+  // source overlaps any destination, so the copies run in parallel. (Runs staged in the payload
+  // itself would need the moves one after another: a move can overwrite the next run's source.)
   std::vector<uint8_t*> at(parts);
-  for (size_t p = 0; p < parts; ++p) {
-    const uint64_t worst_begin = runs.begin(p) * kChunkWords * wb;
-    const uint64_t worst_end = std::min<uint64_t>(runs.begin(p + 1) * kChunkWords, n) * wb;
-    at[p] = (p == 0 || worst_end <= room ? payload + head : scratch) + worst_begin;
-  }
+  for (size_t p = 0; p < parts; ++p)
+    at[p] = p == 0 ? payload + head : scratch + runs.begin(p) * kChunkWords * wb;
   std::vector<uint64_t> total(parts);
   parallel_for(parts, 1, [&](size_t pb, size_t pe) {
-    ChunkBuffers<U> buf;
+    ChunkWork<U> work;
     for (size_t p = pb; p < pe; ++p) {
       uint64_t lim = p ? std::numeric_limits<uint64_t>::max() : room, pos = 0;
       for (uint64_t c = runs.begin(p); c < runs.begin(p + 1); ++c) {
         uint64_t left = pos < lim ? lim - pos : 0;
-        uint32_t size = EncodeChunk<U>(x + c * kChunkWords, chunk_words(n, c), dim,
-                                       left ? at[p] + pos : at[p], left, buf);
+        uint32_t size = EncodeChunk<U>(fast, x + c * kChunkWords, chunk_words(n, c), dim,
+                                       left ? at[p] + pos : at[p], left, work);
         store<uint32_t>(table + 4 * c, size);
         pos += size;
       }
@@ -122,13 +202,12 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
     end += load<uint32_t>(table + 4 * c);
     store<uint32_t>(table + 4 * c, end);
   }
-  // Move runs p > 0 behind the run before; a destination never reaches a later run's source.
   std::vector<uint64_t> start(parts + 1, 0);
   for (size_t p = 0; p < parts; ++p) start[p + 1] = start[p] + total[p];
   parallel_for(parts - 1, 1, [&](size_t pb, size_t pe) {
     for (size_t p = pb + 1; p < pe + 1; ++p)
       if (start[p] < room)
-        memmove(payload + head + start[p], at[p], std::min(total[p], room - start[p]));
+        memcpy(payload + head + start[p], at[p], std::min(total[p], room - start[p]));
   });
   memset(payload + kFixedHeader + 4 * runs.nchunks, 0, head - kFixedHeader - 4 * runs.nchunks);
   const uint64_t used = head + end;
@@ -145,21 +224,21 @@ struct Failure {
 
 template <typename U>
 Failure DecodeRow(const uint8_t* payload, uint64_t capacity, uint64_t n, uint32_t dim, U* x,
-                  size_t parts) {
+                  size_t parts, bool fast) {
   constexpr uint32_t wb = sizeof(U);
   if (Status st = check_header(payload, capacity, uint32_t(n), wb, dim)) return {st, -1};
   const Runs runs{chunk_count(n), parts};
   const uint8_t* streams = payload + header_bytes(n, wb);
   std::vector<Failure> fail(parts);
   parallel_for(parts, 1, [&](size_t pb, size_t pe) {
-    ChunkBuffers<U> buf;
+    ChunkWork<U> work;
     for (size_t p = pb; p < pe; ++p) {
       for (uint64_t c = runs.begin(p); c < runs.begin(p + 1); ++c) {
         uint32_t begin, size;
         Status st = locate_chunk(payload, uint32_t(n), wb, c, &begin, &size);
         if (!st)
-          st = DecodeChunk<U>(streams + begin, size, chunk_words(n, c), dim,
-                               x + c * kChunkWords, buf);
+          st = DecodeChunk<U>(fast, streams + begin, size, chunk_words(n, c), dim,
+                               x + c * kChunkWords, work);
         if (st) {
           fail[p] = {st, int64_t(c)};
           break;
@@ -177,9 +256,10 @@ void Encode(const Batch& b, int64_t dim, const void* x, uint8_t* payload, int32_
             uint8_t* scratch) {
   const uint64_t n = b.n, sbytes = scratch_bytes(n, sizeof(U));
   const U* words = static_cast<const U*>(x);
+  const bool fast = UseFastCodec();
   ForRows(b.rows, chunk_count(n), [&](size_t r, size_t parts) {
     nbytes[r] = EncodeRow<U>(words + r * n, n, uint32_t(dim), payload + r * b.capacity, b.capacity,
-                             scratch + r * sbytes, parts);
+                             scratch + r * sbytes, parts, fast);
   });
 }
 
@@ -207,8 +287,10 @@ template <typename U>
 ffi::Error Decode(const uint8_t* payload, uint64_t capacity, int64_t dim, bool strict, size_t rows,
                   uint64_t n, U* x, int32_t* status) {
   std::vector<Failure> fail(rows);
+  const bool fast = UseFastCodec();
   ForRows(rows, chunk_count(n), [&](size_t r, size_t parts) {
-    fail[r] = DecodeRow<U>(payload + r * capacity, capacity, n, uint32_t(dim), x + r * n, parts);
+    fail[r] = DecodeRow<U>(payload + r * capacity, capacity, n, uint32_t(dim), x + r * n, parts,
+                           fast);
     status[r] = fail[r].status;
     if (fail[r].status) memset(x + r * n, 0, n * sizeof(U));
   });

@@ -1,6 +1,8 @@
-// CUDA XLA FFI handlers of the MPC codec (contract in cpu/handlers.h): one warp per chunk, the
-// format and bit transpose from core/mpc.h. Everything runs on the XLA stream; nothing is
-// allocated and nothing waits for the device.
+// CUDA XLA FFI handlers of the MPC codec (contract in cpu/handlers.h): one warp per chunk, running
+// the chunk pipeline of core/mpc_chunk.h with the warp's 32 lanes as the team (WarpTeam: lane l
+// holds tiles l * kSlots.. in registers; what the lanes share goes through shuffles and the warp's
+// shared memory). Everything runs on the XLA stream; nothing is allocated and nothing waits for
+// the device.
 //
 // Encode, four kernels: each warp writes its chunk's stream into the scratch result at the chunk's
 // worst-case offset and its size into the payload's table; one block per row scans the sizes into
@@ -15,6 +17,7 @@
 
 #include "core/ffi_args.h"
 #include "core/mpc.h"
+#include "core/mpc_chunk.h"
 #include "cuda/handlers.h"
 
 namespace ffi = xla::ffi;
@@ -27,45 +30,123 @@ constexpr int kWarps = 4;                 // chunks per block
 constexpr unsigned kFull = 0xFFFFFFFFu;
 constexpr int32_t kNoError = 0x7FFFFFFF;  // status while decoding: above every error key
 
-// Shared memory word index, padded against bank conflicts for the strided tile accesses.
-__device__ __forceinline__ int Sh(int i) { return i + (i >> 5); }
-constexpr int kShWords = kChunkWords + kChunkWords / 32;
-
-__device__ __forceinline__ unsigned LanesBelow(int lane) { return (1u << lane) - 1; }
-
-// Reads the words of each of this lane's tiles through f(i) (tile j = words jW..jW+W-1),
-// transposes each tile's bits, and writes word k of tile j's result through g(jW + k, word), after
-// every lane has read. Lane l owns tiles l, l + 32, ...
-template <typename U, typename Load, typename Store>
-__device__ void TransposeTiles(int lane, Load f, Store g) {
-  constexpr int W = sizeof(U) * 8, T = kChunkWords / W, kTiles = (T + 31) / 32;
-  U reg[kTiles][W];
-#pragma unroll
-  for (int q = 0; q < kTiles; ++q) {
-    int j = lane + 32 * q;
-    if (j < T) {
-#pragma unroll
-      for (int k = 0; k < W; ++k) reg[q][k] = f(j * W + k);
-      transpose_bits<U, 1>(reg[q]);
-    }
-  }
-  __syncwarp();
-#pragma unroll
-  for (int q = 0; q < kTiles; ++q) {
-    int j = lane + 32 * q;
-    if (j < T) {
-#pragma unroll
-      for (int k = 0; k < W; ++k) g(j * W + k, reg[q][k]);
-    }
-  }
-  __syncwarp();
+template <typename V>
+__device__ __forceinline__ V ShflUp(V v, int d) {
+  if constexpr (sizeof(V) < 4) return V(__shfl_up_sync(kFull, unsigned(v), d));
+  else return __shfl_up_sync(kFull, v, d);
 }
+template <typename V>
+__device__ __forceinline__ V Shfl(V v, int lane) {
+  if constexpr (sizeof(V) < 4) return V(__shfl_sync(kFull, unsigned(v), lane));
+  else return __shfl_sync(kFull, v, lane);
+}
+
+// The 32 lanes of a warp as the team of the chunk pipeline.
+template <typename U>
+struct WarpTeam {
+  static constexpr int W = Tiles<U>::W, T = Tiles<U>::T, kSlots = (T + 31) / 32;
+  // The warp's shared words: the chunk with a spare word after every tile (so that lanes reading
+  // their tiles' words hit different banks), also the byte stage of the pipeline.
+  static constexpr int kShWords = kChunkWords + T;
+  using Rows = U[W][kSlots];
+  int lane;
+  U* sh;
+
+  static __device__ __forceinline__ int Sh(int i) { return i + i / W; }
+  __device__ int first_tile() const { return lane * kSlots; }
+  __device__ uint32_t member() const { return uint32_t(lane); }
+  __device__ uint32_t members() const { return 32; }
+  __device__ bool leader() const { return lane == 0; }
+  __device__ void sync() const { __syncwarp(); }
+  __device__ uint32_t sum(uint32_t v) const { return __reduce_add_sync(kFull, v); }
+  __device__ uint32_t bit_or(uint32_t v) const { return __reduce_or_sync(kFull, v); }
+  template <typename V>
+  __device__ V scan(V (&v)[kSlots]) const {
+    V local = 0;
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) {
+      V t = v[q];
+      v[q] = local;
+      local = V(local + t);
+    }
+    V incl = local;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      V u = ShflUp(incl, d);
+      if (lane >= d) incl = V(incl + u);
+    }
+    const V before = V(incl - local);
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) v[q] = V(v[q] + before);
+    return Shfl(incl, 31);
+  }
+  __device__ void shift(U (&v)[kSlots]) const {
+    const U prev = ShflUp(v[kSlots - 1], 1);
+#pragma unroll
+    for (int q = kSlots - 1; q > 0; --q) v[q] = v[q - 1];
+    v[0] = lane ? prev : U(0);
+  }
+  __device__ void copy(U* dst, const U* src, uint32_t words) const {
+    for (uint32_t i = lane; i < words; i += 32) dst[i] = src[i];
+  }
+  template <typename In>
+  __device__ void delta_rows(In in, uint32_t m, uint32_t dim, Rows& a) const {
+    mpc::delta_rows<U, kSlots>(first_tile(), in, m, dim, a);
+  }
+  __device__ void pack(const ChunkRows<U, kSlots>& r, U* packed) const {
+    pack_rows<U, kSlots, false>(r, packed);
+  }
+  __device__ void unpack(const U* stored, ChunkRows<U, kSlots>& r) const {
+    unpack_rows<U, kSlots>(stored, r);
+  }
+  // The rows into shared memory in word order (the caller synchronized the warp).
+  __device__ void rows_to_shared(const Rows& a) const {
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) {
+      const int tile = first_tile() + q;
+      if (tile < T)
+#pragma unroll
+        for (int k = 0; k < W; ++k) sh[Sh(tile * W + k)] = a[k][q];
+    }
+    __syncwarp();
+  }
+  __device__ void store_rows(const Rows& a, U* x, uint32_t m) const {
+    rows_to_shared(a);
+    for (uint32_t i = lane; i < m; i += 32) x[i] = sh[Sh(int(i))];
+  }
+  // x[i] = d[i] + x[i - dim], 32 words at a time: a scan over each residue class mod dim inside
+  // the group, plus the class's last word of the groups before (already final in shared memory).
+  __device__ void undelta(const Rows& a, uint32_t m, uint32_t dim, U* x) const {
+    rows_to_shared(a);
+    for (int r = 0; r < 32; ++r) {
+      const int i = 32 * r + lane, i0 = 32 * r + lane % int(dim);
+      U v = sh[Sh(i)];
+      for (int d = int(dim); d < 32; d *= 2) {
+        U u = ShflUp(v, d);
+        if (lane >= d) v = U(v + u);
+      }
+      if (i0 >= int(dim)) v = U(v + sh[Sh(i0 - int(dim))]);
+      __syncwarp();
+      sh[Sh(i)] = v;
+      __syncwarp();
+    }
+    for (uint32_t i = lane; i < m; i += 32) x[i] = sh[Sh(int(i))];
+  }
+};
+
+// The encoder's input: the chunk as staged in shared memory. (A lambda here crashes nvcc 13.0.)
+template <typename U>
+struct SharedChunk {
+  const U* sh;
+  __device__ U operator()(uint32_t i) const { return sh[WarpTeam<U>::Sh(int(i))]; }
+};
 
 template <typename U>
 __global__ void EncodeChunks(const U* x, uint64_t rows, uint64_t n, uint32_t dim, uint8_t* payload,
                              uint64_t capacity, uint8_t* scratch, uint64_t sbytes) {
+  using Team = WarpTeam<U>;
   constexpr uint32_t wb = sizeof(U);
-  __shared__ U shared[kWarps][kShWords];
+  __shared__ alignas(16) U shared[kWarps][Team::kShWords];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint64_t nch = chunk_count(n), item = uint64_t(blockIdx.x) * kWarps + warp;
   if (item >= rows * nch) return;
@@ -73,50 +154,19 @@ __global__ void EncodeChunks(const U* x, uint64_t rows, uint64_t n, uint32_t dim
   const uint32_t m = chunk_words(n, c);
   const U* xc = x + row * n + c * kChunkWords;
   uint8_t* dst = scratch + row * sbytes + c * kChunkWords * wb;
+  const Team team{lane, shared[warp]};
   U* sh = shared[warp];
-
-  for (int i = lane; i < int(kChunkWords); i += 32) sh[Sh(i)] = i < int(m) ? xc[i] : U(0);
+  for (uint32_t i = lane; i < m; i += 32) sh[Team::Sh(int(i))] = xc[i];
   __syncwarp();
-  // steps 1 and 2: y[jW + b] = plane b of tile j of d
-  TransposeTiles<U>(
-      lane,
-      [&](int i) -> U {
-        if (i >= int(m)) return 0;
-        return i >= int(dim) ? U(sh[Sh(i)] - sh[Sh(i - int(dim))]) : sh[Sh(i)];
-      },
-      [&](int i, U v) { sh[Sh(i)] = v; });
-  // steps 3 and 4: e[t] for t = 32 r + lane, bitmap word r by ballot
-  U e[32];
-  uint32_t top = 0, nnz = 0, mine = 0;
-#pragma unroll
-  for (int r = 0; r < 32; ++r) {
-    int t = 32 * r + lane;
-    e[r] = U(sh[Sh(t)] - (t ? sh[Sh(t - 1)] : U(0)));
-    uint32_t bm = __ballot_sync(kFull, e[r] != 0);
-    if (r == lane) mine = bm;
-    top |= uint32_t(bm != 0) << r;
-    nnz += uint32_t(__popc(bm));
-  }
-  const uint32_t nb = uint32_t(__popc(top)), size = stream_bytes(nb, nnz, wb), raw = m * wb;
-  if (lane == 0)
-    store<uint32_t>(payload + row * capacity + kFixedHeader + 4 * c, size >= raw ? raw : size);
-  if (size >= raw) {
+  ChunkRows<U, Team::kSlots> r;
+  uint8_t* stage = reinterpret_cast<uint8_t*>(sh);
+  const uint32_t size =
+      encode_chunk<U>(team, SharedChunk<U>{sh}, m, dim, r, stage);
+  if (lane == 0) store<uint32_t>(payload + row * capacity + kFixedHeader + 4 * c, size);
+  if (size == m * wb) {
     for (uint32_t i = lane; i < m; i += 32) store<U>(dst + i * wb, xc[i]);
-    return;
-  }
-  const uint32_t data = data_offset(nb, wb);
-  if (lane == 0) {
-    store<uint32_t>(dst, top);
-    if (data > 4 + 4 * nb) store<uint32_t>(dst + 4 + 4 * nb, 0);
-    if (size > data + nnz * wb) store<uint16_t>(dst + data + nnz * wb, 0);  // wb = 2 only
-  }
-  if (mine) store<uint32_t>(dst + 4 + 4 * __popc(top & LanesBelow(lane)), mine);
-  uint32_t pos = 0;
-#pragma unroll
-  for (int r = 0; r < 32; ++r) {
-    uint32_t bm = __shfl_sync(kFull, mine, r);
-    if (e[r] != 0) store<U>(dst + data + (pos + __popc(bm & LanesBelow(lane))) * wb, e[r]);
-    pos += uint32_t(__popc(bm));
+  } else {
+    for (uint32_t i = 4 * lane; i < size; i += 128) store<uint32_t>(dst + i, load<uint32_t>(stage + i));
   }
 }
 
@@ -187,8 +237,9 @@ __device__ void Fail(int32_t* status, int64_t chunk, Status s) {
 template <typename U>
 __global__ void DecodeChunks(const uint8_t* payload, uint64_t rows, uint64_t capacity, uint64_t n,
                              uint32_t dim, U* x, int32_t* status) {
+  using Team = WarpTeam<U>;
   constexpr uint32_t wb = sizeof(U);
-  __shared__ U shared[kWarps][kShWords];
+  __shared__ alignas(16) U shared[kWarps][Team::kShWords];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint64_t nch = chunk_count(n), item = uint64_t(blockIdx.x) * kWarps + warp;
   if (item >= rows * nch) return;
@@ -196,10 +247,9 @@ __global__ void DecodeChunks(const uint8_t* payload, uint64_t rows, uint64_t cap
   const uint32_t m = chunk_words(n, c);
   const uint8_t* p = payload + row * capacity;
   U* xc = x + row * n + c * kChunkWords;
-  U* sh = shared[warp];
   int32_t* st = status + row;
 
-  uint32_t begin, size, top, nnz;
+  uint32_t begin, size;
   Status s = check_header(p, capacity, uint32_t(n), wb, dim);
   if (s) return lane == 0 ? Fail(st, -1, s) : void();
   if ((s = locate_chunk(p, uint32_t(n), wb, c, &begin, &size)))
@@ -209,53 +259,9 @@ __global__ void DecodeChunks(const uint8_t* payload, uint64_t rows, uint64_t cap
     for (uint32_t i = lane; i < m; i += 32) xc[i] = load<U>(src + i * wb);
     return;
   }
-  if ((s = parse_stream(src, size, wb, &top, &nnz))) return lane == 0 ? Fail(st, c, s) : void();
-  const uint32_t mine =
-      top >> lane & 1 ? load<uint32_t>(src + 4 + 4 * __popc(top & LanesBelow(lane))) : 0;
-  const uint8_t* data = src + data_offset(uint32_t(__popc(top)), wb);
-  // expand e[32 r + lane] and take its prefix sum y, group by group
-  U carry = 0;
-  uint32_t pos = 0;
-  bool zero = false;
-  for (int r = 0; r < 32; ++r) {
-    uint32_t bm = __shfl_sync(kFull, mine, r);
-    U v = 0;
-    if (bm >> lane & 1) {
-      v = load<U>(data + (pos + __popc(bm & LanesBelow(lane))) * wb);
-      zero |= v == 0;
-    }
-    pos += uint32_t(__popc(bm));
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      U u = __shfl_up_sync(kFull, v, d);
-      if (lane >= d) v = U(v + u);
-    }
-    v = U(v + carry);
-    sh[Sh(32 * r + lane)] = v;
-    carry = __shfl_sync(kFull, v, 31);
-  }
-  __syncwarp();
-  TransposeTiles<U>(lane, [&](int i) { return sh[Sh(i)]; }, [&](int i, U v) { sh[Sh(i)] = v; });
-  // undo step 1 group by group: a scan over each residue class mod dim inside the group, plus
-  // the class's last word of the groups before
-  bool pad = false;
-  for (int r = 0; r < 32; ++r) {
-    const int i = 32 * r + lane, i0 = 32 * r + lane % int(dim);
-    U v = sh[Sh(i)];
-    pad |= i >= int(m) && v != 0;  // the encoder's d is zero past the chunk's m words
-    for (int d = int(dim); d < 32; d *= 2) {
-      U u = __shfl_up_sync(kFull, v, d);
-      if (lane >= d) v = U(v + u);
-    }
-    if (i0 >= int(dim)) v = U(v + sh[Sh(i0 - int(dim))]);
-    __syncwarp();
-    sh[Sh(i)] = v;
-    __syncwarp();
-  }
-  zero = __any_sync(kFull, zero);
-  pad = __any_sync(kFull, pad);
-  if (zero || pad) return lane == 0 ? Fail(st, c, zero ? kBadStream : kBadPadding) : void();
-  for (uint32_t i = lane; i < m; i += 32) xc[i] = sh[Sh(int(i))];
+  ChunkRows<U, Team::kSlots> r;
+  s = decode_chunk<U>(Team{lane, shared[warp]}, src, size, m, dim, r, shared[warp], xc);
+  if (s && lane == 0) Fail(st, c, s);
 }
 
 // Zeroes the output of every row with an error.

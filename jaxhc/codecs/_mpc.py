@@ -7,6 +7,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from jaxhc import _native
 from jaxhc._compat import like
@@ -94,7 +96,8 @@ class Mpc(Codec):
         dtype = self.check_dtype(dtype)
         n = num_elements(shape)
         _check_payload(self, payload, self.payload_bytes(n, dtype))
-        flat, _ = decode_flat(payload, n, dtype, self.dim, strict=True)
+        flat, status = decode_flat(payload, n, dtype, self.dim, strict=True)
+        flat = lax.platform_dependent(flat, status, cpu=lambda f, _: f, default=checked_on_host)
         return flat.reshape(shape)
 
 
@@ -103,8 +106,9 @@ def decode_flat(payload: jax.Array, n: int, dtype, dim: int, *, strict: bool):
 
     The codec moves bits only: ``dtype`` may be any 16, 32 or 64-bit int or float type.
     The status is 0 for a good row; a malformed row decodes to zeros with a nonzero status
-    (see ``Status`` in ffi/core/mpc.h). With ``strict`` the CPU decoder also raises for the first
-    bad row; the CUDA decoder never raises, it only reports the status.
+    (see ``Status`` in ffi/core/mpc.h; `status_message` says it in words). With ``strict`` the
+    CPU decoder also raises for the first bad row; the CUDA decoder never raises, it only reports
+    the status.
     """
     out = jax.ffi.ffi_call(
         "jaxhc_mpc_decode",
@@ -115,3 +119,37 @@ def decode_flat(payload: jax.Array, n: int, dtype, dim: int, *, strict: bool):
         vmap_method="broadcast_all",
     )(payload, dim=dim, strict=int(strict))
     return like(out, payload)
+
+
+def status_message(status: int) -> str:
+    """What a nonzero decode status (``decode_flat``) means, in words."""
+    return _native.cpu.mpc_status_message(int(status))
+
+
+def raise_if_malformed(status) -> np.ndarray:
+    """Raise a ValueError naming the first row whose decode status is nonzero; else zeros."""
+    status = np.asarray(status)
+    bad = np.flatnonzero(status.reshape(-1))
+    if bad.size:
+        row = int(bad[0])
+        where = f"row {row}" if status.ndim else "the payload"
+        raise ValueError(f"mpc decode: {where}: {status_message(status.reshape(-1)[row])}")
+    return np.zeros(status.shape, np.uint8)
+
+
+def checked_on_host(flat: jax.Array, status: jax.Array) -> jax.Array:
+    """`flat` (1-D) once a host callback has checked `status` (raising for a malformed row).
+
+    The check runs wherever the computation runs (on a GPU it costs a device-to-host copy of the
+    status per call). The callback returns zeros, XOR-ed into the first word of `flat` so that
+    XLA can neither drop the check nor let the result be used without it.
+    """
+    zero = jax.pure_callback(
+        raise_if_malformed,
+        jax.ShapeDtypeStruct(status.shape, jnp.uint8),
+        status,
+        vmap_method="broadcast_all",
+    )
+    word = jnp.dtype(f"uint{8 * flat.dtype.itemsize}")
+    first = lax.bitcast_convert_type(flat[:1], word) ^ zero.astype(word)
+    return flat.at[:1].set(lax.bitcast_convert_type(first, flat.dtype))
