@@ -71,13 +71,15 @@ def _input(rows_per_rank, cols, dtype, case, seed=0):
         x[-1, -1] = np.nan
     if case == "overflow":  # every rank's share sums past float32's range (finite inputs)
         x[:, : cols // 2] = 3e38
+    if case == "mixed":  # rows MPC compresses well between rows of noise: coded and raw segments
+        x[::2] = np.arange(x[::2].size).reshape(-1, cols) % 1000
     return x.astype(dtype)
 
 
-def _ledger_fallbacks(run):
+def _traffic(run):
     with jaxhc.accounting.Ledger() as ledger:
         out = jax.block_until_ready(run())
-    return out, ledger.per_axis(devices=1).get("x", {}).get("fallbacks", 0.0)
+    return out, ledger.per_axis(devices=1).get("x", {})
 
 
 def _check(collective, codec, dtype, rows_per_rank, cols, case="plain"):
@@ -85,13 +87,14 @@ def _check(collective, codec, dtype, rows_per_rank, cols, case="plain"):
     xla, launcher, mpi, body = _programs(collective, codec)
     ref = fallbacks_ref = None
     if RANK == 0:
-        out, fb = _ledger_fallbacks(lambda: xla(x))
-        ref, fallbacks_ref = np.asarray(out), fb / SIZE
+        out, traffic = _traffic(lambda: xla(x))
+        ref, fallbacks_ref = np.asarray(out), traffic["fallbacks"] / SIZE
     ref, fallbacks_ref = WORLD.bcast((ref, fallbacks_ref), root=0)
     xin = launcher.put(x, P("x"))
     with jaxhc.transport.use(launcher.transport):
         hlo = jax.jit(body).lower(xin).as_text()
-    got, fallbacks = _ledger_fallbacks(lambda: mpi(xin))
+    got, traffic = _traffic(lambda: mpi(xin))
+    fallbacks = traffic["fallbacks"]
     want = local_block(P("x"), ref, launcher.grid.coords, launcher.mesh_shape)
     bad = []
     if not h.bits_equal(got, want):
@@ -100,6 +103,10 @@ def _check(collective, codec, dtype, rows_per_rank, cols, case="plain"):
         bad.append(f"{collective} {codec} {dtype.__name__} {case}: {diff} bytes differ")
     if TARGETS[collective] not in hlo:
         bad.append(f"{collective} {codec}: the fused call {TARGETS[collective]} did not run")
+    if case == "mixed":  # MPC's budget holds per segment here (per call on the XLA transport)
+        if not traffic["wire_bytes"] < 0.9 * traffic["raw_bytes"]:
+            bad.append(f"{collective} {codec}: nothing was coded ({traffic})")
+        fallbacks_ref = float(codec != "mpc")  # the noise rows go raw over a budget, if any
     if fallbacks != fallbacks_ref:
         bad.append(f"{collective} {codec} {case}: fallbacks {fallbacks} vs XLA's {fallbacks_ref}")
     everyone = WORLD.allgather(bad)
@@ -117,7 +124,7 @@ SHAPES = [(3, 339), (8, 1000)]  # per rank: 1017 values (partial blocks), 8000 (
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-@pytest.mark.parametrize("codec", [None, "zfp:8", "zfp:13.5"])
+@pytest.mark.parametrize("codec", [None, "zfp:8", "zfp:13.5", "mpc", "mpc:0.9:dim=2"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fused_matches_xla_float32(collective, codec, shape):
     rows = shape[0] * (SIZE if collective == "psum_scatter" else 1)  # whole tiles to scatter
@@ -125,7 +132,7 @@ def test_fused_matches_xla_float32(collective, codec, shape):
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-@pytest.mark.parametrize("codec", [None, "zfp:8"])
+@pytest.mark.parametrize("codec", [None, "zfp:8", "mpc"])
 def test_fused_matches_xla_bfloat16(collective, codec):
     import ml_dtypes
 
@@ -133,7 +140,7 @@ def test_fused_matches_xla_bfloat16(collective, codec):
     _check(collective, codec, ml_dtypes.bfloat16, rows, 777)
 
 
-@pytest.mark.parametrize("codec", [None, "zfp:16"])
+@pytest.mark.parametrize("codec", [None, "zfp:16", "mpc"])
 def test_fused_matches_xla_float64(codec):
     with jax.enable_x64(True):
         _check("psum", codec, np.float64, 2, 1001)
@@ -143,6 +150,13 @@ def test_fused_matches_xla_float64(codec):
 def test_nan_on_one_rank_makes_every_rank_plain(collective):
     rows = 8 * (SIZE if collective == "psum_scatter" else 1)
     _check(collective, "zfp:8", np.float32, rows, 1000, case="nan")
+
+
+@pytest.mark.parametrize("collective", sorted(TARGETS))
+@pytest.mark.parametrize("codec", ["mpc", "mpc:0.6"])
+def test_mpc_mixes_coded_and_raw_segments(collective, codec):
+    rows = 8 * (SIZE if collective == "psum_scatter" else 1)
+    _check(collective, codec, np.float32, rows, 1000, case="mixed")
 
 
 def test_overflowing_sum_gathers_plain():

@@ -31,4 +31,14 @@ namespace zfp {
 bool encode_host(const void* x, bool f64, uint64_t n, int maxbits, uint64_t* payload);
 void decode_host(const uint64_t* payload, bool f64, uint64_t n, int maxbits, void* x);
 }  // namespace zfp
+
+// Host entry points of the MPC kernels on plain buffers (one row of n words of wb bytes).
+// encode: the payload's used bytes (more than `capacity`: over budget, payload cut);
+// `scratch` holds mpc_scratch_bytes(n, wb). decode: 0, or the mpc::Status of a malformed row.
+namespace mpc {
+uint64_t encode_host(const void* x, uint32_t wb, uint64_t n, uint32_t dim, uint8_t* payload,
+                     uint64_t capacity, uint8_t* scratch);
+int32_t decode_host(const uint8_t* payload, uint64_t capacity, uint32_t wb, uint64_t n,
+                    uint32_t dim, void* x);
+}  // namespace mpc
 }  // namespace jaxhc

@@ -23,6 +23,7 @@ constexpr uint64_t kHeader = 8;      // every message: Header, then its payload
 // Flags a message carries (see engine.h "Fallbacks").
 constexpr uint8_t kOkValues = 1;  // phase 1: this piece encoded; phase 2: all pieces of it encoded
 constexpr uint8_t kOkReduced = 2;  // phase 2: the reduced segment encoded
+constexpr uint8_t kOverBudget = 4;  // this segment, or one the sender summed, went raw over budget
 
 struct Header {
   uint32_t bytes;  // payload bytes after the header
@@ -172,6 +173,7 @@ class Call {
 
   bool ok_values() const { return ok_values_; }
   bool ok_reduced() const { return ok_reduced_; }
+  bool over_budget() const { return over_budget_; }
   int64_t sent() const { return ex_.sent(); }
 
  private:
@@ -193,7 +195,7 @@ class Call {
   Exchange ex_;
   Workspace& w_ = workspace();
   uint64_t slot_;
-  bool ok_values_ = true, ok_reduced_ = true;
+  bool ok_values_ = true, ok_reduced_ = true, over_budget_ = false;
 };
 
 // Segment s of chunk q of x; a partial one (past the end of x) is staged with zeros behind its
@@ -224,6 +226,9 @@ uint64_t Call::encode_into(uint8_t* msg, const void* values, uint64_t count, uin
     case SegmentCodec::kCoded:
       h.bytes = static_cast<uint32_t>(bytes);
       break;
+    case SegmentCodec::kOverBudget:
+      h.flags |= kOverBudget;
+      [[fallthrough]];
     case SegmentCodec::kRaw:
       h.raw = 1;
       h.bytes = static_cast<uint32_t>(count * g_.eb);
@@ -248,7 +253,7 @@ void Call::send_gather(uint64_t s, const uint8_t* values, uint8_t flags) {
   if (flags & kOkValues) {
     size = encode_into(msg, values, g_.count(s), flags, kOkReduced);
   } else {
-    Header h{0, 0, 0, 0};
+    Header h{0, 0, flags, 0};
     std::memcpy(msg, &h, kHeader);
   }
   for (int r = 1; r < g_.parts; ++r) ex_.send(msg, size, (g_.me + r) % g_.parts, kTagGather);
@@ -281,17 +286,20 @@ void Call::reduce(const void* x, uint64_t s, uint8_t* chunk, bool gather) {
   std::vector<uint64_t> bytes(g_.parts);
   std::unique_ptr<bool[]> raw(new bool[g_.parts]);
   bool ok = true;
+  uint8_t over = 0;
   for (int q = 0; q < g_.parts; ++q) {
     const uint8_t* msg = q == g_.me ? slot(w_.send1, s, q) : slot(w_.recv1, s, q);
     Header h;
     std::memcpy(&h, msg, kHeader);
     ok &= (h.flags & kOkValues) != 0;
+    over |= h.flags & kOverBudget;
     in[q] = msg + kHeader, bytes[q] = h.bytes, raw[q] = h.raw != 0;
   }
   if (ok)  // a malformed piece counts as a failed encode: the call goes plain
     ok = codec_->decode_sum(in.data(), bytes.data(), raw.get(), g_.parts, e_, g_.count(s), out);
   ok_values_ &= ok;
-  if (gather) send_gather(s, out, ok ? kOkValues | kOkReduced : 0);
+  over_budget_ |= over != 0;
+  if (gather) send_gather(s, out, static_cast<uint8_t>((ok ? kOkValues | kOkReduced : 0) | over));
 }
 
 void Call::decode_gathered(uint64_t s, int q, const uint8_t* chunk, void* y) {
@@ -307,8 +315,9 @@ void Call::decode_gathered(uint64_t s, int q, const uint8_t* chunk, void* y) {
   std::memcpy(&h, msg, kHeader);
   ok_values_ &= (h.flags & kOkValues) != 0;
   ok_reduced_ &= (h.flags & kOkReduced) != 0;
+  over_budget_ |= (h.flags & kOverBudget) != 0;
   uint64_t c = g_.count(s), v = g_.valid(q, s);
-  if (h.flags != (kOkValues | kOkReduced) || !v) return;
+  if ((h.flags & (kOkValues | kOkReduced)) != (kOkValues | kOkReduced) || !v) return;
   uint8_t* dst = static_cast<uint8_t*>(y) + g_.offset(q, s) * g_.eb;
   uint8_t* to = v == c ? dst : w_.stage.get(g_.L * g_.eb);
   if (h.raw)
@@ -383,15 +392,17 @@ int comm_size(MPI_Comm comm) {
   return p;
 }
 
-bool all_ranks(MPI_Comm comm, bool ok) {
-  int mine = ok ? 1 : 0, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm);
-  return all != 0;
+// The agreement of psum_scatter (whose ranks see only the pieces sent to them): bit 0 set when
+// some rank's values could not be encoded, bit 1 when some rank's segment went over budget.
+int any_rank(MPI_Comm comm, int bits) {
+  int all = 0;
+  MPI_Allreduce(&bits, &all, 1, MPI_INT, MPI_BOR, comm);
+  return all;
 }
 
 // Runs one collective (scatter and/or gather) with `codec`, then returns its flags and traffic.
 struct Outcome {
-  bool ok_values, ok_reduced;
+  bool ok_values, ok_reduced, over_budget;
 };
 
 Outcome run_call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, const void* x,
@@ -399,7 +410,8 @@ Outcome run_call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, 
   Call call(comm, e, codec, g);
   call.run(x, chunk, y, scatter, gather);
   stats->wire_bytes += call.sent();
-  return {call.ok_values(), call.ok_reduced()};
+  if (call.over_budget()) stats->fallback = 1;
+  return {call.ok_values(), call.ok_reduced(), call.over_budget()};
 }
 
 }  // namespace
@@ -439,11 +451,12 @@ std::string psum_scatter(MPI_Comm comm, Elem e, const void* x, uint64_t per, voi
     uint8_t* chunk = workspace().reduced.get(g.m * eb);
     Outcome o = run_call(comm, e, codec, g, x, chunk, nullptr, true, false, stats);
     stats->wire_bytes += 4 * (P - 1);  // the agreement
-    if (all_ranks(comm, o.ok_values)) {
+    int bits = any_rank(comm, (o.ok_values ? 0 : 1) | (o.over_budget ? 2 : 0));
+    stats->fallback = bits != 0;
+    if (!(bits & 1)) {
       std::memcpy(y, chunk, per * eb);
       return "";
     }
-    stats->fallback = 1;
   }
   Geometry pg = make_geometry(comm, e, P * per, per, per, nullptr, opt);
   run_call(comm, e, nullptr, pg, x, static_cast<uint8_t*>(y), nullptr, true, false, stats);

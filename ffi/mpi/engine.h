@@ -34,7 +34,9 @@ inline size_t elem_bytes(Elem e) { return e == Elem::kF64 ? 8 : e == Elem::kBF16
 // How one segment of values travels. Implementations: ffi/mpi/codecs.h.
 class SegmentCodec {
  public:
-  enum Result { kCoded, kRaw, kFail };  // kRaw: send the values as they are; kFail: non-finite
+  // kRaw: send the values as they are (coding would not make them smaller); kOverBudget: the
+  // same, counted as a fallback (a budget was set and exceeded); kFail: non-finite values.
+  enum Result { kCoded, kRaw, kOverBudget, kFail };
   virtual ~SegmentCodec() = default;
   // Values per segment boundary: segments start at multiples of it (word-aligned ZFP blocks).
   virtual uint64_t align() const = 0;
@@ -56,7 +58,7 @@ class SegmentCodec {
 // Traffic of one call on this rank, for jaxhc.accounting.
 struct Stats {
   int64_t wire_bytes = 0;  // bytes this rank sent
-  int64_t fallback = 0;    // 1: a phase went plain (lossy codec and non-finite values)
+  int64_t fallback = 0;    // 1: a phase went plain, or a segment went raw over its budget
 };
 
 struct Options {

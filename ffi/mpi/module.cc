@@ -4,8 +4,8 @@
 //   jaxhc_mpi_psum          x: F32|F64|BF16 [n], token -> y [n], stats: S32 [3], token
 //   jaxhc_mpi_psum_scatter  x [P * per], token        -> y [per], stats, token
 //   jaxhc_mpi_all_gather    x [k], token              -> y [P * k], stats, token
-//   attrs: comm (the MPI_Comm handle, as mpi4py's _handleof gives it), codec (0 plain, 1 zfp),
-//          maxbits (zfp), segment_bytes; stats: S32 [3] = the bytes this rank sent, as low 31 bits
+//   attrs: comm (the MPI_Comm handle, as mpi4py's _handleof gives it), codec (0 plain, 1 zfp,
+//          2 mpc), maxbits (zfp), dim and budget (mpc; budget <= 0: none), segment_bytes; stats: S32 [3] = the bytes this rank sent, as low 31 bits
 //          and the rest, and 1 if the call fell back to plain.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -25,7 +25,7 @@ namespace jaxhc {
 namespace mpi {
 namespace {
 
-enum CodecId : int64_t { kPlain = 0, kZfp = 1 };
+enum CodecId : int64_t { kPlain = 0, kZfp = 1, kMpc = 2 };
 
 MPI_Comm to_comm(int64_t handle) {
   MPI_Comm c;
@@ -45,9 +45,15 @@ bool to_elem(ffi::DataType t, Elem* e) {
 using Fn = std::string (*)(MPI_Comm, Elem, const void*, uint64_t, void*, SegmentCodec*,
                            const Options&, Stats*);
 
+// The attributes every handler takes.
+struct Attrs {
+  int64_t comm, codec, maxbits, dim;
+  double budget;
+  int64_t segment_bytes;
+};
+
 ffi::Error Run(const char* op, Fn fn, ffi::AnyBuffer x, ffi::AnyBuffer y,
-               ffi::Buffer<ffi::S32> stats, int64_t comm, int64_t codec, int64_t maxbits,
-               int64_t segment_bytes, uint64_t count) {
+               ffi::Buffer<ffi::S32> stats, const Attrs& a, uint64_t count) {
   Elem e;
   if (!to_elem(x.element_type(), &e) || y.element_type() != x.element_type())
     return ffi::Error::InvalidArgument(std::string(op) + ": values must be float32, float64 or "
@@ -55,15 +61,18 @@ ffi::Error Run(const char* op, Fn fn, ffi::AnyBuffer x, ffi::AnyBuffer y,
   if (stats.element_count() != 3)
     return ffi::Error::InvalidArgument(std::string(op) + ": stats must hold 3 int32");
   std::unique_ptr<SegmentCodec> c;
-  if (codec == kZfp)
-    c = std::make_unique<ZfpSegments>(static_cast<int>(maxbits));
-  else if (codec != kPlain)
-    return ffi::Error::InvalidArgument(std::string(op) + ": unknown codec " + std::to_string(codec));
+  if (a.codec == kZfp)
+    c = std::make_unique<ZfpSegments>(static_cast<int>(a.maxbits));
+  else if (a.codec == kMpc)
+    c = std::make_unique<MpcSegments>(static_cast<int>(a.dim), a.budget);
+  else if (a.codec != kPlain)
+    return ffi::Error::InvalidArgument(std::string(op) + ": unknown codec " +
+                                       std::to_string(a.codec));
   Options opt;
-  if (segment_bytes > 0) opt.segment_bytes = static_cast<uint64_t>(segment_bytes);
+  if (a.segment_bytes > 0) opt.segment_bytes = static_cast<uint64_t>(a.segment_bytes);
   Stats st;
-  std::string err = fn(to_comm(comm), e, x.untyped_data(), count, y.untyped_data(), c.get(), opt,
-                       &st);
+  std::string err = fn(to_comm(a.comm), e, x.untyped_data(), count, y.untyped_data(), c.get(),
+                       opt, &st);
   if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
   stats.typed_data()[0] = static_cast<int32_t>(st.wire_bytes & 0x7fffffff);
   stats.typed_data()[1] = static_cast<int32_t>(st.wire_bytes >> 31);
@@ -79,31 +88,34 @@ int CommSize(int64_t comm) {
 
 ffi::Error PsumImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
                     ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Token>,
-                    int64_t comm, int64_t codec, int64_t maxbits, int64_t segment_bytes) {
+                    int64_t comm, int64_t codec, int64_t maxbits, int64_t dim, double budget,
+                    int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, segment_bytes};
   if (y->element_count() != x.element_count())
     return ffi::Error::InvalidArgument("jaxhc_mpi_psum: y must have as many values as x");
-  return Run("jaxhc_mpi_psum", &psum, x, *y, *stats, comm, codec, maxbits, segment_bytes,
-             x.element_count());
+  return Run("jaxhc_mpi_psum", &psum, x, *y, *stats, a, x.element_count());
 }
 
 ffi::Error PsumScatterImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
                            ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Token>,
-                           int64_t comm, int64_t codec, int64_t maxbits, int64_t segment_bytes) {
+                           int64_t comm, int64_t codec, int64_t maxbits, int64_t dim,
+                           double budget, int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, segment_bytes};
   uint64_t per = y->element_count();
   if (x.element_count() != per * CommSize(comm))
     return ffi::Error::InvalidArgument("jaxhc_mpi_psum_scatter: x must hold P * y values");
-  return Run("jaxhc_mpi_psum_scatter", &psum_scatter, x, *y, *stats, comm, codec, maxbits,
-             segment_bytes, per);
+  return Run("jaxhc_mpi_psum_scatter", &psum_scatter, x, *y, *stats, a, per);
 }
 
 ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Token>,
-                         int64_t comm, int64_t codec, int64_t maxbits, int64_t segment_bytes) {
+                         int64_t comm, int64_t codec, int64_t maxbits, int64_t dim,
+                         double budget, int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, segment_bytes};
   uint64_t k = x.element_count();
   if (y->element_count() != k * CommSize(comm))
     return ffi::Error::InvalidArgument("jaxhc_mpi_all_gather: y must hold P * x values");
-  return Run("jaxhc_mpi_all_gather", &all_gather, x, *y, *stats, comm, codec, maxbits,
-             segment_bytes, k);
+  return Run("jaxhc_mpi_all_gather", &all_gather, x, *y, *stats, a, k);
 }
 
 }  // namespace
@@ -120,6 +132,8 @@ ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffe
       .Attr<int64_t>("comm")                \
       .Attr<int64_t>("codec")               \
       .Attr<int64_t>("maxbits")             \
+      .Attr<int64_t>("dim")                 \
+      .Attr<double>("budget")               \
       .Attr<int64_t>("segment_bytes")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiPsum, jaxhc::mpi::PsumImpl, JAXHC_MPI_BIND);

@@ -20,10 +20,10 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jaxhc import _native
-from jaxhc.codecs import Codec, Zfp
+from jaxhc.codecs import Codec, Mpc, Zfp
 
 DTYPES = frozenset(jnp.dtype(d) for d in (jnp.float32, jnp.float64, jnp.bfloat16))
-_PLAIN, _ZFP = 0, 1
+_PLAIN, _ZFP, _MPC = 0, 1, 2
 SEGMENT_BYTES = 1 << 20  # raw bytes per pipelined segment
 
 
@@ -35,7 +35,7 @@ def supports(codec: Codec | None, dtype) -> bool:
     """Whether a fused call exists for this codec (None: plain) and dtype."""
     if not available() or jnp.dtype(dtype) not in DTYPES:
         return False
-    return codec is None or isinstance(codec, Zfp)
+    return codec is None or isinstance(codec, (Zfp, Mpc))
 
 
 @functools.cache
@@ -49,12 +49,12 @@ def _primitives():
         prim = Primitive(name)
         prim.multiple_results = True
 
-        def abstract(x, *, comm, parts, codec, maxbits, segment_bytes):
+        def abstract(x, *, comm, parts, codec, maxbits, dim, budget, segment_bytes):
             y = jax.core.ShapedArray((out_size(x.shape[0], parts),), x.dtype)
             stats = jax.core.ShapedArray((3,), jnp.int32)
             return (y, stats), {ordered_effect}
 
-        def lowering(ctx, x, *, comm, parts, codec, maxbits, segment_bytes):
+        def lowering(ctx, x, *, comm, parts, codec, maxbits, dim, budget, segment_bytes):
             token = get_token_effect(ctx, ordered_effect)
             ctx_t = ctx.replace(
                 avals_in=(*ctx.avals_in, abstract_token),
@@ -68,6 +68,8 @@ def _primitives():
                 comm=np.int64(comm),
                 codec=np.int64(codec),
                 maxbits=np.int64(maxbits),
+                dim=np.int64(dim),
+                budget=np.float64(budget),
                 segment_bytes=np.int64(segment_bytes),
             )
             set_token_effect(ctx, ordered_effect, token)
@@ -88,16 +90,19 @@ def _primitives():
 def _bind(which: int, flat, comm, codec: Codec | None):
     from mpi4jax._src.utils import to_mpi_handle
 
-    if codec is None:
-        kind, maxbits = _PLAIN, 0
-    else:
+    kind, maxbits, dim, budget = _PLAIN, 0, 1, 0.0
+    if isinstance(codec, Zfp):
         kind, maxbits = _ZFP, codec.maxbits(flat.dtype)
+    elif isinstance(codec, Mpc):
+        kind, dim, budget = _MPC, codec.dim, codec.budget or 0.0
     y, stats = _primitives()[which].bind(
         flat,
         comm=int(to_mpi_handle(comm)),
         parts=comm.Get_size(),
         codec=kind,
         maxbits=maxbits,
+        dim=dim,
+        budget=float(budget),
         segment_bytes=SEGMENT_BYTES,
     )
     wire = stats[0].astype(jnp.float32) + stats[1].astype(jnp.float32) * 2.0**31
