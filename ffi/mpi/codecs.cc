@@ -6,64 +6,45 @@
 #include "core/mpc.h"
 #include "core/zfp.h"
 #include "cpu/handlers.h"
+#include "cpu/zfp_kernels.h"
 #include "mpi/values.h"
 
 namespace jaxhc {
 namespace mpi {
 
+namespace {
+zfp::Elem zfp_elem(Elem e) {
+  return e == Elem::kF64 ? zfp::Elem::kF64 : e == Elem::kBF16 ? zfp::Elem::kBF16 : zfp::Elem::kF32;
+}
+}  // namespace
+
 uint64_t ZfpSegments::capacity(uint64_t count) const {
   return zfp::payload_bytes(count, static_cast<uint32_t>(maxbits_));
 }
 
-float* ZfpSegments::wide(uint64_t count, int which) {
-  if (wide_[which].size() < count) wide_[which].resize(count);
-  return wide_[which].data();
-}
-
 SegmentCodec::Result ZfpSegments::encode(const void* src, Elem e, uint64_t count, uint8_t* out,
                                          uint64_t* bytes) {
-  const void* values = src;
-  if (e == Elem::kBF16) {
-    float* w = wide(count, 0);
-    const uint16_t* h = static_cast<const uint16_t*>(src);
-    for (uint64_t i = 0; i < count; ++i) w[i] = bf16_to_f32(h[i]);
-    values = w;
-  }
   *bytes = capacity(count);
-  bool finite = zfp::encode_host(values, e == Elem::kF64, count, maxbits_,
-                                 reinterpret_cast<uint64_t*>(out));
+  bool finite =
+      zfp::encode_row(src, zfp_elem(e), count, maxbits_, reinterpret_cast<uint64_t*>(out));
   return finite ? kCoded : kFail;
 }
 
 bool ZfpSegments::decode(const uint8_t* in, uint64_t bytes, Elem e, uint64_t count, void* dst) {
   if (bytes != capacity(count)) return false;
-  const uint64_t* words = reinterpret_cast<const uint64_t*>(in);
-  if (e != Elem::kBF16) {
-    zfp::decode_host(words, e == Elem::kF64, count, maxbits_, dst);
-    return true;
-  }
-  float* w = wide(count, 1);
-  zfp::decode_host(words, false, count, maxbits_, w);
-  uint16_t* h = static_cast<uint16_t*>(dst);
-  for (uint64_t i = 0; i < count; ++i) h[i] = f32_to_bf16(w[i]);
+  zfp::decode_row(reinterpret_cast<const uint64_t*>(in), zfp_elem(e), count, maxbits_, dst);
   return true;
 }
 
 bool ZfpSegments::decode_sum(const uint8_t* const* in, const uint64_t* bytes, const bool* raw,
                              int parts, Elem e, uint64_t count, void* dst) {
-  const size_t eb = elem_bytes(e);
-  if (pieces_.size() < parts * count * eb) pieces_.resize(parts * count * eb);
-  std::vector<const void*> values(parts);
+  std::vector<const uint64_t*> payloads(parts);
   for (int p = 0; p < parts; ++p) {
-    if (raw[p]) {
-      values[p] = in[p];
-      continue;
-    }
-    uint8_t* v = pieces_.data() + p * count * eb;
-    if (!decode(in[p], bytes[p], e, count, v)) return false;
-    values[p] = v;
+    if (raw[p] || bytes[p] != capacity(count)) return false;  // ZFP pieces are never raw
+    payloads[p] = reinterpret_cast<const uint64_t*>(in[p]);
   }
-  sum_in_rank_order(values.data(), parts, e, count, dst);
+  FlushDenormals ftz;  // the kernel adds in the calling thread's mode, as XLA:CPU would
+  zfp::decode_sum(payloads.data(), parts, zfp_elem(e), count, maxbits_, dst);
   return true;
 }
 

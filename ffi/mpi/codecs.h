@@ -8,8 +8,8 @@
 namespace jaxhc {
 namespace mpi {
 
-// Fixed-rate ZFP: the same stream as the jaxhc_zfp_encode handler, one segment at a time.
-// bfloat16 values are coded as float32 (widened on the way in, rounded on the way out).
+// Fixed-rate ZFP: the same stream as the jaxhc_zfp_encode handler, one segment at a time (the
+// CPU module's kernels, cpu/zfp_kernels.h). bfloat16 rows are coded as float32.
 class ZfpSegments final : public SegmentCodec {
  public:
   explicit ZfpSegments(int maxbits) : maxbits_(maxbits) {}
@@ -22,10 +22,7 @@ class ZfpSegments final : public SegmentCodec {
                   Elem e, uint64_t count, void* dst) override;
 
  private:
-  float* wide(uint64_t count, int which);  // float32 scratch for bfloat16 values
   int maxbits_;
-  std::vector<float> wide_[2];
-  std::vector<uint8_t> pieces_;
 };
 
 // MPC, lossless: a segment travels coded when it fits `budget` x its raw bytes (and is smaller

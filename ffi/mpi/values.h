@@ -1,7 +1,7 @@
-// Element conversions and the rank-order sum of the fused collectives, bit for bit as XLA:CPU
-// computes them in jaxhc's unfused algorithms: bfloat16 <-> float32 as `astype` (round to nearest
-// even), sums in float32 (float64 for float64) with denormals flushed (XLA:CPU runs with FTZ and
-// DAZ set, so the same adds here must too, whatever thread runs them).
+// The rank-order sum of the fused collectives, bit for bit as XLA:CPU computes it in jaxhc's
+// unfused algorithms: bfloat16 <-> float32 as `astype` (core/floats.h), sums in float32 (float64
+// for float64) with denormals flushed (XLA:CPU runs with FTZ and DAZ set, so the same adds here
+// must too, whatever thread runs them).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -10,24 +10,23 @@
 #include <immintrin.h>
 #endif
 
+#include "core/floats.h"
 #include "mpi/engine.h"
 
 namespace jaxhc {
 namespace mpi {
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
+inline float widen(uint16_t bf16) {
+  uint32_t u = bf16_to_f32(bf16);
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
 
-// Round to nearest even; NaN becomes the quiet NaN of its sign (as Eigen's bfloat16 does).
-inline uint16_t f32_to_bf16(float f) {
+inline uint16_t narrow(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return f32_to_bf16(u);
 }
 
 // Sets FTZ and DAZ for its lifetime (x86-64; elsewhere a no-op).
@@ -75,12 +74,12 @@ inline void sum_in_rank_order(const void* const* pieces, int parts, Elem e, uint
       for (uint64_t b = 0; b < count; b += kTile) {
         uint64_t c = count - b < kTile ? count - b : kTile;
         const uint16_t* v0 = static_cast<const uint16_t*>(pieces[0]) + b;
-        for (uint64_t i = 0; i < c; ++i) acc[i] = bf16_to_f32(v0[i]);
+        for (uint64_t i = 0; i < c; ++i) acc[i] = widen(v0[i]);
         for (int p = 1; p < parts; ++p) {
           const uint16_t* v = static_cast<const uint16_t*>(pieces[p]) + b;
-          for (uint64_t i = 0; i < c; ++i) acc[i] += bf16_to_f32(v[i]);
+          for (uint64_t i = 0; i < c; ++i) acc[i] += widen(v[i]);
         }
-        for (uint64_t i = 0; i < c; ++i) out[b + i] = f32_to_bf16(acc[i]);
+        for (uint64_t i = 0; i < c; ++i) out[b + i] = narrow(acc[i]);
       }
       break;
     }

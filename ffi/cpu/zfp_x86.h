@@ -1,0 +1,474 @@
+// x86 kernels' building blocks: BMI2 bit permutations for the scalar coder, and the lane types of
+// the lane-parallel coder (core/zfp_lanes.h): AVX-512 (16 blocks per
+// group; needs VBMI for byte permutes and GFNI for 8x8 bit transposes) and AVX2 (8 blocks). Each
+// is compiled for its instruction set only (pragma target); the module stays baseline x86-64 and
+// picks one at run time (cpu/zfp_kernels.cc). Beside the coder's operations each type moves a
+// group's values between memory and lanes (load_*/store_*: value i of block j to lane j of f[i],
+// widening bfloat16/float16 and narrowing as jnp.astype does) and its stream words (words32 for
+// maxbits 32, words64 for maxbits 64).
+#pragma once
+#if defined(__x86_64__)
+// GCC 12 warns about _mm512_undefined_epi32 inside its own intrinsics (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstdint>
+
+#include "core/zfp_lanes.h"
+
+namespace jaxhc {
+namespace zfp {
+namespace x86 {
+
+using lanes::kLuts;
+
+// The scalar plane coder's bit permutations as single BMI2 instructions (the same bits as
+// PortableBits); fast on Intel since Haswell and AMD since Zen 3 (Zen 1/2 microcode them).
+struct Bmi2Bits {
+  template <typename UInt>
+  __attribute__((target("bmi,bmi2"))) static uint64_t window(const UInt* u, int k) {
+    constexpr int prec = 8 * sizeof(UInt);
+    uint64_t m = 0;
+    for (int i = 0; i < 4; i++)
+      m |= _pdep_u64(static_cast<UInt>(u[i] << (prec - 1 - k)) >> (prec - 16),
+                     0x1111111111111111ull << i);
+    return detail::reverse_nibbles(m);
+  }
+  template <typename UInt>
+  __attribute__((target("bmi,bmi2"))) static void deposit(UInt* u, int k, uint64_t w) {
+    constexpr int prec = 8 * sizeof(UInt);
+    uint64_t m = detail::reverse_nibbles(w);
+    for (int i = 0; i < 4; i++)
+      u[i] |= static_cast<UInt>(static_cast<UInt>(_pext_u64(m, 0x1111111111111111ull << i))
+                                << (prec - 16)) >> (prec - 1 - k);
+  }
+  __attribute__((target("bmi,bmi2"))) static uint64_t compact(uint64_t w, int f) {
+    return _pext_u64(w, ((uint64_t{1} << f) - 1) * 0x1111111111111111ull);
+  }
+  __attribute__((target("bmi,bmi2"))) static uint64_t expand(uint64_t w, int f) {
+    return _pdep_u64(w, ((uint64_t{1} << f) - 1) * 0x1111111111111111ull);
+  }
+};
+
+// Permute indices of the AVX-512 lanes (lane p of a group holds block p).
+struct PlaneIdx {
+  uint8_t gather[2][64];   // [jp] u0/u1 (or u2/u3) bytes 2jp, 2jp + 1 of each lane
+  uint8_t matrix[2][64];   // [h] the 8 bytes of each of lanes 8h..8h+7, reversed for GFNI
+  uint8_t unmatrix[2][64]; // [h] planes words back to the reversed rows of lanes 8h..
+  uint8_t split[2][64];    // [s] coefficient bytes of t = 2s, 2s + 1 of every lane
+  uint8_t join[2][64];     // [t & 1] coefficient t's 4 bytes
+};
+constexpr PlaneIdx plane_idx() {
+  PlaneIdx x{};
+  for (int p = 0; p < 16; p++) {
+    int h = p >> 3, q = p & 7, o = 8 * q;
+    for (int jp = 0; jp < 2; jp++) {
+      const int g[4] = {4 * p + 2 * jp, 4 * p + 2 * jp + 1, 64 + 4 * p + 2 * jp, 64 + 4 * p + 2 * jp + 1};
+      for (int c = 0; c < 4; c++) x.gather[jp][4 * p + c] = static_cast<uint8_t>(g[c]);
+    }
+    // row t of the matrix is coefficient t's byte 2jp (t < 4) or byte 2jp + 1 (t - 4); GFNI
+    // wants row t in byte 7 - t. X01 holds u0 b, u0 b+1, u1 b, u1 b+1 per lane; X23 the same.
+    const int m[8] = {64 + 4 * q + 3, 64 + 4 * q + 1, 4 * q + 3, 4 * q + 1,
+                      64 + 4 * q + 2, 64 + 4 * q,     4 * q + 2, 4 * q};
+    for (int c = 0; c < 8; c++) x.matrix[h][o + c] = static_cast<uint8_t>(m[c] + 32 * h);
+    for (int c = 0; c < 4; c++) {
+      x.unmatrix[h][o + c] = static_cast<uint8_t>(64 + 4 * p + 3 - c);
+      x.unmatrix[h][o + 4 + c] = static_cast<uint8_t>(4 * p + 3 - c);
+    }
+    for (int s = 0; s < 2; s++) {
+      int b = 64 * h + 8 * q;
+      const int sp[4] = {b + 2 * s, b + 4 + 2 * s, b + 2 * s + 1, b + 4 + 2 * s + 1};
+      for (int c = 0; c < 4; c++) x.split[s][4 * p + c] = static_cast<uint8_t>(sp[c]);
+    }
+    for (int tt = 0; tt < 2; tt++) {
+      const int j[4] = {4 * p + 2 * tt, 4 * p + 2 * tt + 1, 64 + 4 * p + 2 * tt, 64 + 4 * p + 2 * tt + 1};
+      for (int c = 0; c < 4; c++) x.join[tt][4 * p + c] = static_cast<uint8_t>(j[c]);
+    }
+  }
+  return x;
+}
+inline constexpr PlaneIdx kPlaneIdx = plane_idx();
+
+struct HalfIdx {
+  uint16_t spread[4][32];   // [i]: word 2j + 1 <- half 4j + i (bfloat16 into the high word)
+  uint16_t pair[2][32];     // [i >> 1]: words j, 16 + j <- halves 4j + i, 4j + i + 1
+  uint16_t high[32];        // words j, 16 + j <- the high words of lane j of two vectors
+  uint16_t blocks[2][32];   // [h]: word 4j + i of blocks 8h.. <- 16 i + (j + 8h) of two pairs
+};
+constexpr HalfIdx half_idx() {
+  HalfIdx x{};
+  for (int j = 0; j < 16; j++) {
+    for (int i = 0; i < 4; i++) x.spread[i][2 * j + 1] = static_cast<uint16_t>(4 * j + i);
+    for (int i = 0; i < 2; i++) {
+      x.pair[i][j] = static_cast<uint16_t>(4 * j + 2 * i);
+      x.pair[i][16 + j] = static_cast<uint16_t>(4 * j + 2 * i + 1);
+    }
+    x.high[j] = static_cast<uint16_t>(2 * j + 1);
+    x.high[16 + j] = static_cast<uint16_t>(32 + 2 * j + 1);
+  }
+  for (int h = 0; h < 2; h++)
+    for (int j = 0; j < 8; j++)
+      for (int i = 0; i < 4; i++) x.blocks[h][4 * j + i] = static_cast<uint16_t>(16 * i + j + 8 * h);
+  return x;
+}
+inline constexpr HalfIdx kHalfIdx = half_idx();
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vbmi2,gfni,avx2,f16c,fma,bmi,bmi2")
+
+#define JAXHC_IDX16(...) _mm512_setr_epi32(__VA_ARGS__)
+
+struct Avx512 {
+  static constexpr int kLanes = 16;
+  using V = __m512i;
+  using M = __mmask16;
+
+  static V set1(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+  static V add(V a, V b) { return _mm512_add_epi32(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_epi32(a, b); }
+  static V and_(V a, V b) { return _mm512_and_si512(a, b); }
+  static V or_(V a, V b) { return _mm512_or_si512(a, b); }
+  static V xor_(V a, V b) { return _mm512_xor_si512(a, b); }
+  static V or_and(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf8); }
+  static V or_andn(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf4); }
+  template <int s> static V sll(V a) { return _mm512_slli_epi32(a, s); }
+  template <int s> static V srl(V a) { return _mm512_srli_epi32(a, s); }
+  template <int s> static V sra(V a) { return _mm512_srai_epi32(a, s); }
+  static V sllv(V a, V n) { return _mm512_sllv_epi32(a, n); }
+  static V srlv(V a, V n) { return _mm512_srlv_epi32(a, n); }
+  static V shrdv(V lo, V hi, V n) { return _mm512_shrdv_epi32(lo, hi, n); }
+  static V max_u(V a, V b) { return _mm512_max_epu32(a, b); }
+  static M lt_s(V a, V b) { return _mm512_cmplt_epi32_mask(a, b); }
+  static M gt_s(V a, V b) { return _mm512_cmpgt_epi32_mask(a, b); }
+  static M eq(V a, V b) { return _mm512_cmpeq_epi32_mask(a, b); }
+  static M mand(M a, M b) { return static_cast<M>(a & b); }
+  static bool any(M m) { return m != 0; }
+  static V select(M m, V a, V b) { return _mm512_mask_blend_epi32(m, b, a); }
+  static V zero_where(M m, V a) { return _mm512_maskz_mov_epi32(static_cast<M>(~m), a); }
+  static V fadd(V a, V b) {
+    return _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
+  }
+  static V scale_trunc(V f, V s) {
+    return _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(f), _mm512_castsi512_ps(s)));
+  }
+  static V int_scale(V i, V s) {
+    return _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_castsi512_ps(s)));
+  }
+
+  // --- plane tables: byte permutes on the low byte of each lane --------------------------------
+  static constexpr __mmask64 kLow = 0x1111111111111111ull;
+  static V table(const uint8_t* t) { return _mm512_loadu_si512(t); }
+  static void enc_lookup(V idx, V& bits, V& len, V& next) {
+    bits = _mm512_maskz_permutexvar_epi8(kLow, idx, table(kLuts.enc_bits));
+    len = _mm512_maskz_permutexvar_epi8(kLow, idx, table(kLuts.enc_len));
+    next = _mm512_maskz_permutexvar_epi8(kLow, idx, table(kLuts.enc_next));
+  }
+  static V lookup256(V idx, M upper, const uint8_t* t) {  // idx's low byte into 256 entries
+    V lo = _mm512_maskz_permutex2var_epi8(kLow, table(t), idx, table(t + 64));
+    V hi = _mm512_maskz_permutex2var_epi8(kLow, table(t + 128), idx, table(t + 192));
+    return _mm512_mask_blend_epi32(upper, lo, hi);
+  }
+  static V dec_lookup(V idx, V st, V& e, V& len) {
+    e = lookup256(idx, _mm512_test_epi32_mask(idx, set1(0x80)), kLuts.dec_xlen);
+    len = srl<4>(e);
+    return max_u(st, _mm512_permutexvar_epi32(e, _mm512_loadu_si512(kLuts.dec_raise)));
+  }
+
+  // --- bit planes: byte permutes around a GFNI 8x8 bit transpose ---------------------------------
+  // gf2p8affine(kRows, m) gives, in each 64-bit word, byte b bit t = bit b of byte 7 - t of m.
+  static V rows() { return _mm512_set1_epi64(0x8040201008040201ll); }
+  static V perm8(V a, V idx, V b) { return _mm512_permutex2var_epi8(a, idx, b); }
+  static V bytes(const uint8_t (&i)[64]) { return _mm512_loadu_si512(i); }
+
+
+  static void planes(const V* u, V* p) {
+    for (int jp = 0; jp < 2; jp++) {
+      V g = bytes(kPlaneIdx.gather[jp]);
+      V x01 = perm8(u[0], g, u[1]), x23 = perm8(u[2], g, u[3]);
+      V r0 = _mm512_gf2p8affine_epi64_epi8(rows(), perm8(x01, bytes(kPlaneIdx.matrix[0]), x23), 0);
+      V r1 = _mm512_gf2p8affine_epi64_epi8(rows(), perm8(x01, bytes(kPlaneIdx.matrix[1]), x23), 0);
+      p[2 * jp] = _mm512_permutex2var_epi32(
+          r0, JAXHC_IDX16(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), r1);
+      p[2 * jp + 1] = _mm512_permutex2var_epi32(
+          r0, JAXHC_IDX16(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), r1);
+    }
+  }
+
+  static void unplanes(const V* p, V* u) {
+    V y[2][2];
+    for (int jp = 0; jp < 2; jp++) {
+      V g0 = _mm512_gf2p8affine_epi64_epi8(
+          rows(), perm8(p[2 * jp], bytes(kPlaneIdx.unmatrix[0]), p[2 * jp + 1]), 0);
+      V g1 = _mm512_gf2p8affine_epi64_epi8(
+          rows(), perm8(p[2 * jp], bytes(kPlaneIdx.unmatrix[1]), p[2 * jp + 1]), 0);
+      for (int s = 0; s < 2; s++) y[jp][s] = perm8(g0, bytes(kPlaneIdx.split[s]), g1);
+    }
+    for (int t = 0; t < 4; t++) u[t] = perm8(y[0][t >> 1], bytes(kPlaneIdx.join[t & 1]), y[1][t >> 1]);
+  }
+
+  // --- values: 64 of them, block j's value i to lane j of f[i] ----------------------------------
+  static void load(const float* x, V* f) {
+    V l[4];
+    for (int i = 0; i < 4; i++) l[i] = _mm512_loadu_si512(x + 16 * i);
+    const V ia = JAXHC_IDX16(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    const V ib = add(ia, set1(2));
+    V a = _mm512_permutex2var_epi32(l[0], ia, l[1]), b = _mm512_permutex2var_epi32(l[0], ib, l[1]);
+    V c = _mm512_permutex2var_epi32(l[2], ia, l[3]), d = _mm512_permutex2var_epi32(l[2], ib, l[3]);
+    f[0] = _mm512_shuffle_i64x2(a, c, 0x44), f[1] = _mm512_shuffle_i64x2(a, c, 0xee);
+    f[2] = _mm512_shuffle_i64x2(b, d, 0x44), f[3] = _mm512_shuffle_i64x2(b, d, 0xee);
+  }
+  static void store(const V* f, float* x) {
+    V a = _mm512_shuffle_i64x2(f[0], f[1], 0x44), c = _mm512_shuffle_i64x2(f[0], f[1], 0xee);
+    V b = _mm512_shuffle_i64x2(f[2], f[3], 0x44), d = _mm512_shuffle_i64x2(f[2], f[3], 0xee);
+    const V lo = JAXHC_IDX16(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const V hi = add(lo, set1(4));
+    _mm512_storeu_si512(x, _mm512_permutex2var_epi32(a, lo, b));
+    _mm512_storeu_si512(x + 16, _mm512_permutex2var_epi32(a, hi, b));
+    _mm512_storeu_si512(x + 32, _mm512_permutex2var_epi32(c, lo, d));
+    _mm512_storeu_si512(x + 48, _mm512_permutex2var_epi32(c, hi, d));
+  }
+
+  static V words(const uint16_t (&i)[32]) { return _mm512_loadu_si512(i); }
+
+  static void load_bf16(const uint16_t* x, V* f) {
+    V h0 = _mm512_loadu_si512(x), h1 = _mm512_loadu_si512(x + 32);
+    for (int i = 0; i < 4; i++)
+      f[i] = _mm512_maskz_permutex2var_epi16(0xaaaaaaaau, h0, words(kHalfIdx.spread[i]), h1);
+  }
+  static void load_f16(const uint16_t* x, V* f) {
+    V h0 = _mm512_loadu_si512(x), h1 = _mm512_loadu_si512(x + 32);
+    for (int i = 0; i < 2; i++) {
+      V t = _mm512_permutex2var_epi16(h0, words(kHalfIdx.pair[i]), h1);
+      f[2 * i] = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(t)));
+      f[2 * i + 1] = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(t, 1)));
+    }
+  }
+  // Halves h[i] (16 each, one per lane) to 64 consecutive values.
+  static void store_halves(const V* h, uint16_t* x) {
+    V t01 = _mm512_permutex2var_epi16(h[0], words(kHalfIdx.high), h[1]);
+    V t23 = _mm512_permutex2var_epi16(h[2], words(kHalfIdx.high), h[3]);
+    _mm512_storeu_si512(x, _mm512_permutex2var_epi16(t01, words(kHalfIdx.blocks[0]), t23));
+    _mm512_storeu_si512(x + 32, _mm512_permutex2var_epi16(t01, words(kHalfIdx.blocks[1]), t23));
+  }
+  // float32 bits rounded to bfloat16 (kept in the high half, low half zero) as jnp does.
+  static V round_bf16(V u) {
+    M nan = gt_s(and_(u, set1(0x7fffffff)), set1(0x7f800000));
+    V r = add(add(u, set1(0x7fff)), and_(srl<16>(u), set1(1)));
+    r = _mm512_mask_blend_epi32(nan, r, or_and(set1(0x7fc00000), u, set1(0x80000000)));
+    return and_(r, set1(0xffff0000));
+  }
+  static V f16_bits(V u) {  // float16 bits in the high half of each lane
+    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)), 16);
+  }
+  static V round_f16(V u) {
+    return _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+  }
+  static void store_bf16(const V* f, uint16_t* x) {
+    V h[4];
+    for (int i = 0; i < 4; i++) h[i] = round_bf16(f[i]);
+    store_halves(h, x);
+  }
+  static void store_f16(const V* f, uint16_t* x) {
+    V h[4];
+    for (int i = 0; i < 4; i++) h[i] = f16_bits(f[i]);
+    store_halves(h, x);
+  }
+
+  // --- stream words ------------------------------------------------------------------------------
+  static V load_words32(const uint32_t* w) { return _mm512_loadu_si512(w); }
+  static void store_words32(V a, uint32_t* w) { _mm512_storeu_si512(w, a); }
+  static void load_words64(const uint64_t* w, V* a) {
+    V q0 = _mm512_loadu_si512(w), q1 = _mm512_loadu_si512(w + 8);
+    a[0] = _mm512_permutex2var_epi32(q0, JAXHC_IDX16(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), q1);
+    a[1] = _mm512_permutex2var_epi32(q0, JAXHC_IDX16(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), q1);
+  }
+  static void store_words64(const V* a, uint64_t* w) {
+    _mm512_storeu_si512(w, _mm512_permutex2var_epi32(a[0], JAXHC_IDX16(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), a[1]));
+    _mm512_storeu_si512(w + 8, _mm512_permutex2var_epi32(a[0], JAXHC_IDX16(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), a[1]));
+  }
+};
+
+#undef JAXHC_IDX16
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,fma,bmi,bmi2")
+
+struct Avx2 {
+  static constexpr int kLanes = 8;
+  using V = __m256i;
+  using M = __m256i;  // all ones in a selected lane
+
+  static V set1(uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
+  static V add(V a, V b) { return _mm256_add_epi32(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_epi32(a, b); }
+  static V and_(V a, V b) { return _mm256_and_si256(a, b); }
+  static V or_(V a, V b) { return _mm256_or_si256(a, b); }
+  static V xor_(V a, V b) { return _mm256_xor_si256(a, b); }
+  static V or_and(V a, V b, V c) { return or_(a, and_(b, c)); }
+  static V or_andn(V a, V b, V c) { return or_(a, _mm256_andnot_si256(c, b)); }
+  template <int s> static V sll(V a) { return _mm256_slli_epi32(a, s); }
+  template <int s> static V srl(V a) { return _mm256_srli_epi32(a, s); }
+  template <int s> static V sra(V a) { return _mm256_srai_epi32(a, s); }
+  static V sllv(V a, V n) { return _mm256_sllv_epi32(a, n); }
+  static V srlv(V a, V n) { return _mm256_srlv_epi32(a, n); }
+  static V shrdv(V lo, V hi, V n) { return or_(srlv(lo, n), sllv(hi, sub(set1(32), n))); }
+  static V max_u(V a, V b) { return _mm256_max_epu32(a, b); }
+  static M lt_s(V a, V b) { return _mm256_cmpgt_epi32(b, a); }
+  static M gt_s(V a, V b) { return _mm256_cmpgt_epi32(a, b); }
+  static M eq(V a, V b) { return _mm256_cmpeq_epi32(a, b); }
+  static M mand(M a, M b) { return and_(a, b); }
+  static bool any(M m) { return !_mm256_testz_si256(m, m); }
+  static V select(M m, V a, V b) { return _mm256_blendv_epi8(b, a, m); }
+  static V zero_where(M m, V a) { return _mm256_andnot_si256(m, a); }
+  static __m256 ps(V a) { return _mm256_castsi256_ps(a); }
+  static V si(__m256 a) { return _mm256_castps_si256(a); }
+  static V fadd(V a, V b) { return si(_mm256_add_ps(ps(a), ps(b))); }
+  static V scale_trunc(V f, V s) { return _mm256_cvttps_epi32(_mm256_mul_ps(ps(f), ps(s))); }
+  static V int_scale(V i, V s) { return si(_mm256_mul_ps(_mm256_cvtepi32_ps(i), ps(s))); }
+
+  // --- plane tables: gathers of packed entries ---------------------------------------------------
+  static V gather(const void* t, V idx) {
+    return _mm256_i32gather_epi32(static_cast<const int*>(t), idx, 4);
+  }
+  static void enc_lookup(V idx, V& bits, V& len, V& next) {
+    V e = gather(kLuts.enc, idx);
+    bits = and_(e, set1(0xff)), len = and_(srl<8>(e), set1(0xff)), next = srl<16>(e);
+  }
+  static V dec_lookup(V idx, V, V& e, V& len) {
+    e = gather(kLuts.dec, and_(idx, set1(255)));
+    len = and_(srl<4>(e), set1(15));
+    return srl<8>(e);
+  }
+
+  // --- bit planes: a 4x4 byte transpose, then 8x8 bit transposes of 64-bit words ----------------
+  static void bytes4x4(const V* u, V* b) {  // b[j] byte t = u[t] byte j; its own inverse
+    const V odd = set1(0xff00ff00);
+    V t0 = _mm256_blendv_epi8(u[0], sll<8>(u[1]), odd);
+    V t1 = _mm256_blendv_epi8(srl<8>(u[0]), u[1], odd);
+    V t2 = _mm256_blendv_epi8(u[2], sll<8>(u[3]), odd);
+    V t3 = _mm256_blendv_epi8(srl<8>(u[2]), u[3], odd);
+    b[0] = _mm256_blend_epi16(t0, sll<16>(t2), 0xaa);
+    b[1] = _mm256_blend_epi16(t1, sll<16>(t3), 0xaa);
+    b[2] = _mm256_blend_epi16(srl<16>(t0), t2, 0xaa);
+    b[3] = _mm256_blend_epi16(srl<16>(t1), t3, 0xaa);
+  }
+  static V swap64(V x, int d, uint64_t mask) {
+    V t = and_(xor_(_mm256_srli_epi64(x, d), x), _mm256_set1_epi64x(static_cast<long long>(mask)));
+    return xor_(xor_(x, t), _mm256_slli_epi64(t, d));
+  }
+  static V transpose8(V x) {  // in each 64-bit word: bit c of byte r <-> bit r of byte c
+    x = swap64(x, 7, 0x00aa00aa00aa00aaull);
+    x = swap64(x, 14, 0x0000cccc0000ccccull);
+    return swap64(x, 28, 0x00000000f0f0f0f0ull);
+  }
+  // The 64-bit words (a lane's two words) of lanes 0,1,4,5 and 2,3,6,7, transposed, to two
+  // vectors of lane words (what unpacklo/unpackhi of those two vectors undo).
+  static void pairs(V a, V b, V* lo, V* hi) {
+    V lo_ = transpose8(_mm256_unpacklo_epi32(a, b)), hi_ = transpose8(_mm256_unpackhi_epi32(a, b));
+    *lo = si(_mm256_shuffle_ps(ps(lo_), ps(hi_), _MM_SHUFFLE(2, 0, 2, 0)));
+    *hi = si(_mm256_shuffle_ps(ps(lo_), ps(hi_), _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  static void planes(const V* u, V* p) {
+    V b[4];
+    bytes4x4(u, b);
+    pairs(b[0], b[1], &p[0], &p[1]);
+    pairs(b[2], b[3], &p[2], &p[3]);
+  }
+  static void unplanes(const V* p, V* u) {
+    V b[4];
+    pairs(p[0], p[1], &b[0], &b[1]);
+    pairs(p[2], p[3], &b[2], &b[3]);
+    bytes4x4(b, u);
+  }
+
+  // --- values: 32 of them, block j's value i to lane j of f[i] ----------------------------------
+  // l[k] holds blocks 2k and 2k + 1.
+  static void from_blocks(const V* l, V* f) {
+    V r0 = _mm256_permute2x128_si256(l[0], l[2], 0x20), r1 = _mm256_permute2x128_si256(l[0], l[2], 0x31);
+    V r2 = _mm256_permute2x128_si256(l[1], l[3], 0x20), r3 = _mm256_permute2x128_si256(l[1], l[3], 0x31);
+    __m256 t0 = _mm256_unpacklo_ps(ps(r0), ps(r1)), t1 = _mm256_unpackhi_ps(ps(r0), ps(r1));
+    __m256 t2 = _mm256_unpacklo_ps(ps(r2), ps(r3)), t3 = _mm256_unpackhi_ps(ps(r2), ps(r3));
+    f[0] = si(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)));
+    f[1] = si(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)));
+    f[2] = si(_mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)));
+    f[3] = si(_mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  static void to_blocks(const V* f, V* l) {
+    __m256 t0 = _mm256_unpacklo_ps(ps(f[0]), ps(f[1])), t1 = _mm256_unpackhi_ps(ps(f[0]), ps(f[1]));
+    __m256 t2 = _mm256_unpacklo_ps(ps(f[2]), ps(f[3])), t3 = _mm256_unpackhi_ps(ps(f[2]), ps(f[3]));
+    V r0 = si(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)));
+    V r1 = si(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)));
+    V r2 = si(_mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)));
+    V r3 = si(_mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)));
+    l[0] = _mm256_permute2x128_si256(r0, r1, 0x20), l[1] = _mm256_permute2x128_si256(r2, r3, 0x20);
+    l[2] = _mm256_permute2x128_si256(r0, r1, 0x31), l[3] = _mm256_permute2x128_si256(r2, r3, 0x31);
+  }
+  static __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+  static void load(const float* x, V* f) {
+    V l[4];
+    for (int k = 0; k < 4; k++) l[k] = _mm256_loadu_si256(reinterpret_cast<const V*>(x + 8 * k));
+    from_blocks(l, f);
+  }
+  static void load_bf16(const uint16_t* x, V* f) {
+    V l[4];
+    for (int k = 0; k < 4; k++) l[k] = sll<16>(_mm256_cvtepu16_epi32(load128(x + 8 * k)));
+    from_blocks(l, f);
+  }
+  static void load_f16(const uint16_t* x, V* f) {
+    V l[4];
+    for (int k = 0; k < 4; k++) l[k] = si(_mm256_cvtph_ps(load128(x + 8 * k)));
+    from_blocks(l, f);
+  }
+  static void store(const V* f, float* x) {
+    V l[4];
+    to_blocks(f, l);
+    for (int k = 0; k < 4; k++) _mm256_storeu_si256(reinterpret_cast<V*>(x + 8 * k), l[k]);
+  }
+  static V round_bf16(V u) {
+    M nan = gt_s(and_(u, set1(0x7fffffff)), set1(0x7f800000));
+    V r = add(add(u, set1(0x7fff)), and_(srl<16>(u), set1(1)));
+    r = select(nan, or_(and_(u, set1(0x80000000)), set1(0x7fc00000)), r);
+    return and_(r, set1(0xffff0000));
+  }
+  static __m128i f16(V u) { return _mm256_cvtps_ph(ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V round_f16(V u) { return si(_mm256_cvtph_ps(f16(u))); }
+  static void store_bf16(const V* f, uint16_t* x) {
+    V r[4], l[4];
+    for (int i = 0; i < 4; i++) r[i] = round_bf16(f[i]);
+    to_blocks(r, l);
+    for (int k = 0; k < 2; k++) {
+      V w = _mm256_packus_epi32(srl<16>(l[2 * k]), srl<16>(l[2 * k + 1]));
+      _mm256_storeu_si256(reinterpret_cast<V*>(x + 16 * k), _mm256_permute4x64_epi64(w, 0xd8));
+    }
+  }
+  static void store_f16(const V* f, uint16_t* x) {
+    V l[4];
+    to_blocks(f, l);
+    for (int k = 0; k < 4; k++) _mm_storeu_si128(reinterpret_cast<__m128i*>(x + 8 * k), f16(l[k]));
+  }
+
+  // --- stream words ------------------------------------------------------------------------------
+  static V load_words32(const uint32_t* w) { return _mm256_loadu_si256(reinterpret_cast<const V*>(w)); }
+  static void store_words32(V a, uint32_t* w) { _mm256_storeu_si256(reinterpret_cast<V*>(w), a); }
+  static void load_words64(const uint64_t* w, V* a) {
+    __m256 q0 = ps(_mm256_loadu_si256(reinterpret_cast<const V*>(w)));
+    __m256 q1 = ps(_mm256_loadu_si256(reinterpret_cast<const V*>(w + 4)));
+    a[0] = _mm256_permute4x64_epi64(si(_mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8);
+    a[1] = _mm256_permute4x64_epi64(si(_mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8);
+  }
+  static void store_words64(const V* a, uint64_t* w) {
+    V lo = _mm256_permute4x64_epi64(a[0], 0xd8), hi = _mm256_permute4x64_epi64(a[1], 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<V*>(w), _mm256_unpacklo_epi32(lo, hi));
+    _mm256_storeu_si256(reinterpret_cast<V*>(w + 4), _mm256_unpackhi_epi32(lo, hi));
+  }
+};
+
+#pragma GCC pop_options
+
+}  // namespace x86
+}  // namespace zfp
+}  // namespace jaxhc
+#endif  // __x86_64__
