@@ -137,8 +137,7 @@ def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
     def compressed():
         got = t.all_to_all_rows(payloads, axis_name)
         c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree, anchor=got)
-        pieces = c.decode_rows(codec, got, m, x.dtype)
-        return arrange(c.sum_rows(pieces, x.dtype).astype(x.dtype)[:size])
+        return arrange(codec.decode_sum(got, m, x.dtype)[:size])
 
     def plain():
         out = t.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)

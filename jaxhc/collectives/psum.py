@@ -82,8 +82,7 @@ def _run(x, axis_name, codec: Codec | None, kind):
     sent = (parts - 1) * payloads.shape[1] + agree
 
     def reduce_scatter_then_gather():
-        pieces = c.decode_rows(codec, t.all_to_all_rows(payloads, axis_name), m, dtype)
-        reduced = c.sum_rows(pieces, dtype).astype(dtype)
+        reduced = codec.decode_sum(t.all_to_all_rows(payloads, axis_name), m, dtype)
         payload, ok2 = c.encode_one(codec, reduced)
 
         def gather():
