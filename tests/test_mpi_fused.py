@@ -120,7 +120,7 @@ def _small_segments(monkeypatch):
     _programs.cache_clear()
 
 
-SHAPES = [(3, 339), (8, 1000)]  # per rank: 1017 values (partial blocks), 8000 (many segments)
+SHAPES = [(1, 1), (1, 7), (3, 339), (8, 1000)]  # per rank: tiny, partial blocks, many segments
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
