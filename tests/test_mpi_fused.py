@@ -117,6 +117,7 @@ def _check(collective, codec, dtype, rows_per_rank, cols, case="plain"):
 @pytest.fixture(autouse=True)
 def _small_segments(monkeypatch):
     monkeypatch.setattr(_mpi_fused, "SEGMENT_BYTES", SEGMENT_BYTES)
+    monkeypatch.setattr(_mpi_fused, "PLAIN_SEGMENT_BYTES", SEGMENT_BYTES)
     _programs.cache_clear()
 
 

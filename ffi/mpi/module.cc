@@ -5,8 +5,9 @@
 //   jaxhc_mpi_psum_scatter  x [P * per], token        -> y [per], stats, token
 //   jaxhc_mpi_all_gather    x [k], token              -> y [P * k], stats, token
 //   attrs: comm (the MPI_Comm handle, as mpi4py's _handleof gives it), codec (0 plain, 1 zfp,
-//          2 mpc), maxbits (zfp), dim and budget (mpc; budget <= 0: none), segment_bytes; stats: S32 [3] = the bytes this rank sent, as low 31 bits
-//          and the rest, and 1 if the call fell back to plain.
+//          2 mpc), maxbits (zfp), dim and budget (mpc; budget <= 0: none), segment_bytes
+//   stats: S32 [3] = the bytes this rank sent, as its low 31 bits and the rest, and 1 if the
+//          call fell back (see engine.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
