@@ -12,6 +12,7 @@
 //
 // What the lane type provides (V: kLanes uint32 lanes, M: a lane mask):
 //   set1, add, sub, and_, or_, xor_; or_and(a, b, c) = a | (b & c); or_andn(a, b, c) = a | (b & ~c)
+//   add_where(m, a, b) = m ? a + b : a; xor_where(m, a, b) = m ? a ^ b : a
 //   sll<s>, srl<s>, sra<s>; sllv, srlv: per-lane counts, 0 where a count is 32 or more (unsigned)
 //   shrdv(lo, hi, c): the low word of (hi:lo) >> c, 0 <= c < 32; max_u
 //   lt_s, gt_s, eq -> M; mand; any(M); select(m, a, b) = m ? a : b; zero_where(m, a)
@@ -108,26 +109,23 @@ struct Coder {
   };
 
   // The stream bits still to decode in W words (next bit at bit 0 of a[0], zeros past maxbits).
-  // Planes decode as if each lane's stream went on with zeros; a lane's last plane before its
-  // budget ran out (its plane, state and position, recorded as the lanes go) is redone at the
-  // end in case the budget cut its code short.
+  // Planes decode as if each lane's stream went on with zeros; a lane's position stops at its
+  // last plane, and finish() corrects that plane where the budget cut its code short.
   template <int W>
   struct Decoder {
-    V p[4], a[W], st, pos, end, last_k, last_st, last_pos;
+    V p[4], a[W], st, pos, end, steps;  // steps: planes decoded while active
     M active;
 
     template <int k>
     JAXHC_HD bool plane() {
       V e, len;
       V next = L::dec_lookup(L::or_andn(L::template sll<1>(st), a[0], st), st, e, len);
-      last_k = L::select(active, c(k), last_k);
-      last_st = L::select(active, st, last_st);
-      last_pos = L::select(active, pos, last_pos);
+      steps = L::add_where(active, steps, c(1));
       p[plane_word(k)] = L::or_and(p[plane_word(k)], L::template sll<plane_shift(k)>(e),
                                    c(15u << plane_shift(k)));
       for (int j = 0; j + 1 < W; j++) a[j] = L::shrdv(a[j], a[j + 1], len);
       a[W - 1] = L::srlv(a[W - 1], len);
-      pos = L::add(pos, len);
+      pos = L::add_where(active, pos, len);
       st = next;
       active = L::lt_s(pos, end);
       return L::any(active);
@@ -139,26 +137,25 @@ struct Coder {
         if (plane<k>()) run<k - 1>();
     }
 
-    // Corrects each lane's last plane where the budget cut its code short. Read on with zeros,
-    // such a code differs from zfp's only when the cut falls in a scan for the next one-bit (or
-    // right after the group test that starts one): zfp takes the scan's position q as that
-    // one-bit, the zeros run on to the implied one-bit 3. The zeros then read are the 3 - q bits
-    // past the budget. in: the block.
-    JAXHC_HD void finish(const V* in) {
-      V q = L::template srl<5>(last_pos), r = L::and_(last_pos, c(31)), s = c(0);
-      for (int j = 0; j < W; j++)
-        s = L::select(L::eq(q, c(j)), L::shrdv(in[j], j + 1 < W ? in[j + 1] : c(0), r), s);
-      V e, len;
-      L::dec_lookup(L::or_andn(L::template sll<1>(last_st), s, last_st), last_st, e, len);
-      V room = L::sub(end, last_pos);
-      M scan = L::mand(L::mand(L::gt_s(len, room), L::gt_s(room, c(0))),
-                       L::eq(L::and_(e, c(8)), c(8)));
-      if (!L::any(scan)) return;
-      V fix = L::xor_(L::sllv(c(1), L::sub(L::add(room, c(3)), len)), c(8));
-      V word = L::add(L::and_(L::template srl<3>(last_k), c(2)), L::and_(L::template srl<2>(last_k), c(1)));
-      V shift = L::add(L::template sll<3>(L::and_(last_k, c(3))), L::and_(L::template srl<1>(last_k), c(4)));
-      fix = L::select(scan, L::sllv(fix, shift), c(0));
-      for (int w = 0; w < 4; w++) p[w] = L::xor_(p[w], L::select(L::eq(word, c(w)), fix, c(0)));
+    // Read on with zeros, a code the budget cuts short differs from zfp's only where the cut
+    // falls in a scan for the next one-bit (or right after the group test that starts one): zfp
+    // takes the scan's position q as that one-bit, the zeros run on to the implied one-bit 3
+    // (bit 3 of the plane is set no other way in a cut code), reading the 3 - q bits past the
+    // budget by which the lane's position overshoots it.
+    JAXHC_HD void finish() {
+      V over = L::sub(pos, end);
+      M cut = L::gt_s(over, c(0));
+      if (!L::any(cut)) return;
+      V k = L::sub(c(32), steps);  // the last plane decoded
+      V word = L::add(L::and_(L::template srl<3>(k), c(2)), L::and_(L::template srl<2>(k), c(1)));
+      V shift = L::add(L::template sll<3>(L::and_(k, c(3))), L::and_(L::template srl<1>(k), c(4)));
+      M in[4];
+      V planes = p[0];
+      for (int w = 0; w < 4; w++) in[w] = L::eq(word, c(w));
+      for (int w = 1; w < 4; w++) planes = L::select(in[w], p[w], planes);
+      M scan = L::mand(cut, L::eq(L::and_(L::srlv(planes, shift), c(8)), c(8)));
+      V fix = L::sllv(L::xor_(L::sllv(c(1), L::sub(c(3), over)), c(8)), shift);
+      for (int w = 0; w < 4; w++) p[w] = L::xor_where(L::mand(scan, in[w]), p[w], fix);
     }
   };
 
@@ -231,11 +228,11 @@ struct Coder {
     for (int j = 0; j + 1 < W; j++) dec.a[j] = L::shrdv(in[j], in[j + 1], c(9));
     dec.a[W - 1] = L::template srl<9>(in[W - 1]);
     for (int i = 0; i < 4; i++) dec.p[i] = c(0);
-    dec.st = dec.last_st = c(dec_state(0)), dec.pos = dec.last_pos = c(9), dec.last_k = c(0);
+    dec.st = c(dec_state(0)), dec.pos = c(9), dec.steps = c(0);
     dec.end = c(static_cast<uint32_t>(maxbits));
     dec.active = L::lt_s(dec.pos, dec.end);
     dec.template run<31>();
-    dec.finish(in);
+    dec.finish();
     V u[4];
     L::unplanes(dec.p, u);
     for (int i = 0; i < 4; i++) u[i] = L::sub(L::xor_(u[i], c(0xaaaaaaaa)), c(0xaaaaaaaa));
@@ -284,6 +281,8 @@ struct Pair {
   template <int s> static JAXHC_HD V srl(V a) { return {L::template srl<s>(a.lo), L::template srl<s>(a.hi)}; }
   template <int s> static JAXHC_HD V sra(V a) { return {L::template sra<s>(a.lo), L::template sra<s>(a.hi)}; }
   static JAXHC_HD M mand(M a, M b) { return {L::mand(a.lo, b.lo), L::mand(a.hi, b.hi)}; }
+  static JAXHC_HD V add_where(M m, V a, V b) { return {L::add_where(m.lo, a.lo, b.lo), L::add_where(m.hi, a.hi, b.hi)}; }
+  static JAXHC_HD V xor_where(M m, V a, V b) { return {L::xor_where(m.lo, a.lo, b.lo), L::xor_where(m.hi, a.hi, b.hi)}; }
   static JAXHC_HD bool any(M m) { return L::any(m.lo) || L::any(m.hi); }
   static JAXHC_HD V select(M m, V a, V b) { return {L::select(m.lo, a.lo, b.lo), L::select(m.hi, a.hi, b.hi)}; }
   static JAXHC_HD V zero_where(M m, V a) { return {L::zero_where(m.lo, a.lo), L::zero_where(m.hi, a.hi)}; }

@@ -146,6 +146,8 @@ struct Avx512 {
   static M mand(M a, M b) { return static_cast<M>(a & b); }
   static bool any(M m) { return m != 0; }
   static V select(M m, V a, V b) { return _mm512_mask_blend_epi32(m, b, a); }
+  static V add_where(M m, V a, V b) { return _mm512_mask_add_epi32(a, m, a, b); }
+  static V xor_where(M m, V a, V b) { return _mm512_mask_xor_epi32(a, m, a, b); }
   static V zero_where(M m, V a) { return _mm512_maskz_mov_epi32(static_cast<M>(~m), a); }
   static V fadd(V a, V b) {
     return _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
@@ -322,6 +324,8 @@ struct Avx2 {
   static M mand(M a, M b) { return and_(a, b); }
   static bool any(M m) { return !_mm256_testz_si256(m, m); }
   static V select(M m, V a, V b) { return _mm256_blendv_epi8(b, a, m); }
+  static V add_where(M m, V a, V b) { return add(a, and_(b, m)); }
+  static V xor_where(M m, V a, V b) { return xor_(a, and_(b, m)); }
   static V zero_where(M m, V a) { return _mm256_andnot_si256(m, a); }
   static __m256 ps(V a) { return _mm256_castsi256_ps(a); }
   static V si(__m256 a) { return _mm256_castps_si256(a); }
