@@ -1,11 +1,12 @@
 // x86 kernels' building blocks: BMI2 bit permutations for the scalar coder, and the lane types of
-// the lane-parallel coder (core/zfp_lanes.h): AVX-512 (16 blocks per
-// group; needs VBMI for byte permutes and GFNI for 8x8 bit transposes) and AVX2 (8 blocks). Each
-// is compiled for its instruction set only (pragma target); the module stays baseline x86-64 and
-// picks one at run time (cpu/zfp_kernels.cc). Beside the coder's operations each type moves a
-// group's values between memory and lanes (load_*/store_*: value i of block j to lane j of f[i],
-// widening bfloat16/float16 and narrowing as jnp.astype does) and its stream words (words32 for
-// maxbits 32, words64 for maxbits 64).
+// the lane-parallel coder (core/zfp_lanes.h). AVX-512 (needs VBMI for byte permutes and GFNI for
+// 8x8 bit transposes) codes 16 blocks a vector, and two vectors a group (lanes::Pair) whose planes
+// are decoded in 16-bit lanes (Avx512Words: all 32 blocks in one vector); AVX2 codes 8 blocks a
+// group. Each is compiled for its instruction set only (pragma target); the module stays baseline
+// x86-64 and picks one at run time (cpu/zfp_kernels.cc). Besides the coder's operations each type
+// moves a group's values between memory and lanes (load*/store*: value i of block j to lane j of
+// f[i], widening bfloat16/float16 and narrowing as jnp.astype does) and its stream words (words32
+// for maxbits 32, words64 for maxbits 64).
 #pragma once
 #if defined(__x86_64__)
 // GCC 12 warns about _mm512_undefined_epi32 inside its own intrinsics (GCC bug 105593).
@@ -115,12 +116,32 @@ constexpr HalfIdx half_idx() {
 }
 inline constexpr HalfIdx kHalfIdx = half_idx();
 
+// Permute indices and tables of the 16-bit plane decoder (lane j of 32 in word j).
+struct WordIdx {
+  uint16_t low[32], high[32];         // the low / high 16 bits of 32 lanes' 32-bit words
+  uint16_t join[2][32];               // [h] 32-bit words of lanes 16h.. from two word vectors
+};
+constexpr WordIdx word_idx() {
+  WordIdx x{};
+  for (int i = 0; i < 32; i++) {
+    x.low[i] = static_cast<uint16_t>(2 * i);
+    x.high[i] = static_cast<uint16_t>(2 * i + 1);
+  }
+  for (int h = 0; h < 2; h++)
+    for (int i = 0; i < 16; i++) {
+      x.join[h][2 * i] = static_cast<uint16_t>(16 * h + i);
+      x.join[h][2 * i + 1] = static_cast<uint16_t>(32 + 16 * h + i);
+    }
+  return x;
+}
+inline constexpr WordIdx kWordIdx = word_idx();
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vbmi2,gfni,avx2,f16c,fma,bmi,bmi2")
 
 #define JAXHC_IDX16(...) _mm512_setr_epi32(__VA_ARGS__)
 
-struct Avx512 {
+struct Avx512 : lanes::Planes32 {
   static constexpr int kLanes = 16;
   using V = __m512i;
   using M = __mmask16;
@@ -132,13 +153,11 @@ struct Avx512 {
   static V or_(V a, V b) { return _mm512_or_si512(a, b); }
   static V xor_(V a, V b) { return _mm512_xor_si512(a, b); }
   static V or_and(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf8); }
-  static V or_andn(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf4); }
   template <int s> static V sll(V a) { return _mm512_slli_epi32(a, s); }
   template <int s> static V srl(V a) { return _mm512_srli_epi32(a, s); }
   template <int s> static V sra(V a) { return _mm512_srai_epi32(a, s); }
   static V sllv(V a, V n) { return _mm512_sllv_epi32(a, n); }
   static V srlv(V a, V n) { return _mm512_srlv_epi32(a, n); }
-  static V shrdv(V lo, V hi, V n) { return _mm512_shrdv_epi32(lo, hi, n); }
   static V max_u(V a, V b) { return _mm512_max_epu32(a, b); }
   static M lt_s(V a, V b) { return _mm512_cmplt_epi32_mask(a, b); }
   static M gt_s(V a, V b) { return _mm512_cmpgt_epi32_mask(a, b); }
@@ -146,8 +165,6 @@ struct Avx512 {
   static M mand(M a, M b) { return static_cast<M>(a & b); }
   static bool any(M m) { return m != 0; }
   static V select(M m, V a, V b) { return _mm512_mask_blend_epi32(m, b, a); }
-  static V add_where(M m, V a, V b) { return _mm512_mask_add_epi32(a, m, a, b); }
-  static V xor_where(M m, V a, V b) { return _mm512_mask_xor_epi32(a, m, a, b); }
   static V zero_where(M m, V a) { return _mm512_maskz_mov_epi32(static_cast<M>(~m), a); }
   static V fadd(V a, V b) {
     return _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
@@ -167,17 +184,6 @@ struct Avx512 {
     len = _mm512_maskz_permutexvar_epi8(kLow, idx, table(kLuts.enc_len));
     next = _mm512_maskz_permutexvar_epi8(kLow, idx, table(kLuts.enc_next));
   }
-  static V lookup256(V idx, M upper, const uint8_t* t) {  // idx's low byte into 256 entries
-    V lo = _mm512_maskz_permutex2var_epi8(kLow, table(t), idx, table(t + 64));
-    V hi = _mm512_maskz_permutex2var_epi8(kLow, table(t + 128), idx, table(t + 192));
-    return _mm512_mask_blend_epi32(upper, lo, hi);
-  }
-  static V dec_lookup(V idx, V st, V& e, V& len) {
-    e = lookup256(idx, _mm512_test_epi32_mask(idx, set1(0x80)), kLuts.dec_xlen);
-    len = srl<4>(e);
-    return max_u(st, _mm512_permutexvar_epi32(e, _mm512_loadu_si512(kLuts.dec_raise)));
-  }
-
   // --- bit planes: byte permutes around a GFNI 8x8 bit transpose ---------------------------------
   // gf2p8affine(kRows, m) gives, in each 64-bit word, byte b bit t = bit b of byte 7 - t of m.
   static V rows() { return _mm512_set1_epi64(0x8040201008040201ll); }
@@ -292,13 +298,79 @@ struct Avx512 {
   }
 };
 
+
+// The plane decoder of a Pair<Avx512> group (32 blocks) in 16-bit lanes: one vector holds the
+// state of all 32 blocks, so each step of a plane is one instruction, not one per half.
+struct Avx512Words : lanes::Planes16 {
+  static constexpr int kLanes = 32;
+  using V = __m512i;
+  using M = __mmask32;
+  using Wide = lanes::Pair<Avx512>;
+
+  static V set1(uint32_t v) { return _mm512_set1_epi16(static_cast<short>(v)); }
+  static V add(V a, V b) { return _mm512_add_epi16(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_epi16(a, b); }
+  static V and_(V a, V b) { return _mm512_and_si512(a, b); }
+  static V xor_(V a, V b) { return _mm512_xor_si512(a, b); }
+  static V or_and(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf8); }
+  static V or_andn(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf4); }
+  template <int s> static V sll(V a) { return _mm512_slli_epi16(a, s); }
+  template <int s> static V srl(V a) { return _mm512_srli_epi16(a, s); }
+  static V sllv(V a, V n) { return _mm512_sllv_epi16(a, n); }
+  static V srlv(V a, V n) { return _mm512_srlv_epi16(a, n); }
+  static V shrdv(V lo, V hi, V n) { return _mm512_shrdv_epi16(lo, hi, n); }
+  static M lt_s(V a, V b) { return _mm512_cmplt_epi16_mask(a, b); }
+  static M gt_s(V a, V b) { return _mm512_cmpgt_epi16_mask(a, b); }
+  static M eq(V a, V b) { return _mm512_cmpeq_epi16_mask(a, b); }
+  static M mand(M a, M b) { return static_cast<M>(a & b); }
+  static bool any(M m) { return m != 0; }
+  static V select(M m, V a, V b) { return _mm512_mask_blend_epi16(m, b, a); }
+  static V or_(V a, V b) { return _mm512_or_si512(a, b); }
+  static V add_where(M m, V a, V b) { return _mm512_mask_add_epi16(a, m, a, b); }
+
+  static V table(const void* t) { return _mm512_loadu_si512(t); }
+  static V lookup256(V idx, M upper, const uint8_t* t) {  // idx's low byte into 256 entries
+    constexpr __mmask64 kLow = 0x5555555555555555ull;  // the low byte of each lane
+    V lo = _mm512_maskz_permutex2var_epi8(kLow, table(t), idx, table(t + 64));
+    V hi = _mm512_maskz_permutex2var_epi8(kLow, table(t + 128), idx, table(t + 192));
+    return _mm512_mask_blend_epi16(upper, lo, hi);
+  }
+  // A plane's steps are a chain through the state and the stream bits (the lookup's latency is
+  // most of a step), kept short: the next state has its own table, the table half comes from the
+  // state alone (bit 7 of the index is bit 6 of st), and shrdv takes e itself as its count.
+  static V dec_lookup(V idx, V st, V& e, V& len) {
+    M upper = _mm512_test_epi16_mask(st, set1(0x40));
+    e = lookup256(idx, upper, kLuts.dec_lenx);
+    len = and_(e, set1(15));
+    return lookup256(idx, upper, kLuts.dec_next);
+  }
+  static V funnel_count(V e, V) { return e; }  // vpshrdvw counts modulo 16
+
+  template <int W>
+  static void from_words(const Wide::V* in, V* a) {
+    for (int j = 0; j < W; j++) {
+      a[2 * j] = _mm512_permutex2var_epi16(in[j].lo, table(kWordIdx.low), in[j].hi);
+      a[2 * j + 1] = _mm512_permutex2var_epi16(in[j].lo, table(kWordIdx.high), in[j].hi);
+    }
+  }
+  static void unplanes(const V* p, Wide::V* u) {
+    Avx512::V half[2][4], coef[2][4];
+    for (int h = 0; h < 2; h++) {
+      for (int w = 0; w < 4; w++)
+        half[h][w] = _mm512_permutex2var_epi16(p[2 * w], table(kWordIdx.join[h]), p[2 * w + 1]);
+      Avx512::unplanes(half[h], coef[h]);
+    }
+    for (int t = 0; t < 4; t++) u[t] = {coef[0][t], coef[1][t]};
+  }
+};
+
 #undef JAXHC_IDX16
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c,fma,bmi,bmi2")
 
-struct Avx2 {
+struct Avx2 : lanes::Planes32 {
   static constexpr int kLanes = 8;
   using V = __m256i;
   using M = __m256i;  // all ones in a selected lane
@@ -325,7 +397,6 @@ struct Avx2 {
   static bool any(M m) { return !_mm256_testz_si256(m, m); }
   static V select(M m, V a, V b) { return _mm256_blendv_epi8(b, a, m); }
   static V add_where(M m, V a, V b) { return add(a, and_(b, m)); }
-  static V xor_where(M m, V a, V b) { return xor_(a, and_(b, m)); }
   static V zero_where(M m, V a) { return _mm256_andnot_si256(m, a); }
   static __m256 ps(V a) { return _mm256_castsi256_ps(a); }
   static V si(__m256 a) { return _mm256_castps_si256(a); }
@@ -342,10 +413,11 @@ struct Avx2 {
     bits = and_(e, set1(0xff)), len = and_(srl<8>(e), set1(0xff)), next = srl<16>(e);
   }
   static V dec_lookup(V idx, V, V& e, V& len) {
-    e = gather(kLuts.dec, and_(idx, set1(255)));
-    len = and_(srl<4>(e), set1(15));
-    return srl<8>(e);
+    V entry = gather(kLuts.dec, and_(idx, set1(255)));
+    e = and_(entry, set1(255)), len = and_(entry, set1(15));
+    return srl<8>(entry);
   }
+  static V funnel_count(V, V len) { return len; }
 
   // --- bit planes: a 4x4 byte transpose, then 8x8 bit transposes of 64-bit words ----------------
   static void bytes4x4(const V* u, V* b) {  // b[j] byte t = u[t] byte j; its own inverse
@@ -473,6 +545,12 @@ struct Avx2 {
 #pragma GCC pop_options
 
 }  // namespace x86
+
+template <>
+struct lanes::PlaneLanes<lanes::Pair<x86::Avx512>> {
+  using type = x86::Avx512Words;
+};
+
 }  // namespace zfp
 }  // namespace jaxhc
 #endif  // __x86_64__
