@@ -1,6 +1,6 @@
 // ZFP's fixed-rate float32 coder over a group of blocks at once, lane j of every vector holding
 // block j: the stream of core/zfp.h, which stays the reference and codes the groups this one
-// declines. Generic over a lane type L (cpu/zfp_x86.h has AVX2 and AVX-512 ones).
+// declines. Generic over a lane type L (cpu/zfp_avx2.h and cpu/zfp_avx512.h have x86 ones).
 //
 // At a fixed rate every block owns maxbits bits, and for float32 zfp codes all 32 bit planes
 // (kmin = 0), so the planes k = 31..0 run in lockstep over the lanes, each lane with its own coder

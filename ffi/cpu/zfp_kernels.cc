@@ -17,7 +17,8 @@
 #include "cpu/memory.h"
 #include "cpu/parallel.h"
 #include "cpu/zfp_blocks.h"
-#include "cpu/zfp_x86.h"
+#include "cpu/zfp_avx2.h"
+#include "cpu/zfp_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
