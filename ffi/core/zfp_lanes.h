@@ -13,7 +13,8 @@
 //   set1, add, sub, and_, or_, xor_; or_and(a, b, c) = a | (b & c)
 //   sll<s>, srl<s>, sra<s>; sllv, srlv: per-lane counts, 0 where a count is 32 or more (unsigned)
 //   max_u; lt_s, gt_s, eq -> M; mand; any(M); select(m, a, b) = m ? a : b; zero_where(m, a)
-//   scale_trunc(f, s): int32(float(f) * float(s)) truncated; int_scale(i, s): float(int32(i)) * float(s)
+//   scale_trunc(f, s): int32(float(f) * float(s)) truncated
+//   int_scale(i, s): float(int32(i)) * float(s)
 //   enc_lookup(idx, bits, len, next): kLuts below
 //   planes(u, p), unplanes(p, u): the bit planes of 4 coefficients in the layout of Planes32
 //     below (which the type derives from), coefficient i in bit i of a plane's nibble
@@ -202,8 +203,10 @@ struct Coder {
   static JAXHC_HD void clip(V* a, int maxbits) {
     for (int j = 0; j < W; j++) {
       int left = maxbits - 32 * j;
-      if (left <= 0) a[j] = c(0);
-      else if (left < 32) a[j] = L::and_(a[j], c((1u << left) - 1));
+      if (left <= 0)
+        a[j] = c(0);
+      else if (left < 32)
+        a[j] = L::and_(a[j], c((1u << left) - 1));
     }
   }
 
@@ -288,28 +291,57 @@ struct Pair : Planes32 {
   static JAXHC_HD V name(V a) { return {L::name(a.lo), L::name(a.hi)}; }
 #define JAXHC_PAIR2(name) \
   static JAXHC_HD V name(V a, V b) { return {L::name(a.lo, b.lo), L::name(a.hi, b.hi)}; }
-#define JAXHC_PAIR3(name) \
-  static JAXHC_HD V name(V a, V b, V c) { return {L::name(a.lo, b.lo, c.lo), L::name(a.hi, b.hi, c.hi)}; }
+#define JAXHC_PAIR3(name)                                          \
+  static JAXHC_HD V name(V a, V b, V c) {                          \
+    return {L::name(a.lo, b.lo, c.lo), L::name(a.hi, b.hi, c.hi)}; \
+  }
 #define JAXHC_PAIR_CMP(name) \
   static JAXHC_HD M name(V a, V b) { return {L::name(a.lo, b.lo), L::name(a.hi, b.hi)}; }
+  // clang-format off
   JAXHC_PAIR2(add) JAXHC_PAIR2(sub) JAXHC_PAIR2(and_) JAXHC_PAIR2(or_) JAXHC_PAIR2(xor_)
-  JAXHC_PAIR3(or_and) JAXHC_PAIR2(sllv) JAXHC_PAIR2(srlv)
+  JAXHC_PAIR3(or_and) JAXHC_PAIR3(or_andn) JAXHC_PAIR2(sllv) JAXHC_PAIR2(srlv) JAXHC_PAIR3(shrdv)
+  JAXHC_PAIR2(funnel_count)
   JAXHC_PAIR2(max_u) JAXHC_PAIR2(fadd) JAXHC_PAIR2(scale_trunc) JAXHC_PAIR2(int_scale)
   JAXHC_PAIR1(round_bf16) JAXHC_PAIR1(round_f16)
   JAXHC_PAIR_CMP(lt_s) JAXHC_PAIR_CMP(gt_s) JAXHC_PAIR_CMP(eq)
+  // clang-format on
 #undef JAXHC_PAIR1
 #undef JAXHC_PAIR2
 #undef JAXHC_PAIR3
 #undef JAXHC_PAIR_CMP
 
-  static JAXHC_HD V set1(uint32_t v) { return {L::set1(v), L::set1(v)}; }
-  template <int s> static JAXHC_HD V sll(V a) { return {L::template sll<s>(a.lo), L::template sll<s>(a.hi)}; }
-  template <int s> static JAXHC_HD V srl(V a) { return {L::template srl<s>(a.lo), L::template srl<s>(a.hi)}; }
-  template <int s> static JAXHC_HD V sra(V a) { return {L::template sra<s>(a.lo), L::template sra<s>(a.hi)}; }
+                      static JAXHC_HD V set1(uint32_t v) {
+    return {L::set1(v), L::set1(v)};
+  }
+  template <int s>
+  static JAXHC_HD V sll(V a) {
+    return {L::template sll<s>(a.lo), L::template sll<s>(a.hi)};
+  }
+  template <int s>
+  static JAXHC_HD V srl(V a) {
+    return {L::template srl<s>(a.lo), L::template srl<s>(a.hi)};
+  }
+  template <int s>
+  static JAXHC_HD V sra(V a) {
+    return {L::template sra<s>(a.lo), L::template sra<s>(a.hi)};
+  }
   static JAXHC_HD M mand(M a, M b) { return {L::mand(a.lo, b.lo), L::mand(a.hi, b.hi)}; }
+  static JAXHC_HD V add_where(M m, V a, V b) {
+    return {L::add_where(m.lo, a.lo, b.lo), L::add_where(m.hi, a.hi, b.hi)};
+  }
+  static JAXHC_HD V dec_lookup(V idx, V st, V& e, V& len) {
+    return {L::dec_lookup(idx.lo, st.lo, e.lo, len.lo), L::dec_lookup(idx.hi, st.hi, e.hi, len.hi)};
+  }
+  static JAXHC_HD void unplanes(const V* p, V* u) {
+    halves<4>(p, u, [](const H* a, H* b, int) { L::unplanes(a, b); });
+  }
   static JAXHC_HD bool any(M m) { return L::any(m.lo) || L::any(m.hi); }
-  static JAXHC_HD V select(M m, V a, V b) { return {L::select(m.lo, a.lo, b.lo), L::select(m.hi, a.hi, b.hi)}; }
-  static JAXHC_HD V zero_where(M m, V a) { return {L::zero_where(m.lo, a.lo), L::zero_where(m.hi, a.hi)}; }
+  static JAXHC_HD V select(M m, V a, V b) {
+    return {L::select(m.lo, a.lo, b.lo), L::select(m.hi, a.hi, b.hi)};
+  }
+  static JAXHC_HD V zero_where(M m, V a) {
+    return {L::zero_where(m.lo, a.lo), L::zero_where(m.hi, a.hi)};
+  }
   static JAXHC_HD void enc_lookup(V idx, V& bits, V& len, V& next) {
     L::enc_lookup(idx.lo, bits.lo, len.lo, next.lo);
     L::enc_lookup(idx.hi, bits.hi, len.hi, next.hi);
@@ -323,7 +355,9 @@ struct Pair : Planes32 {
     f(lo, olo, 0), f(hi, ohi, 1);
     for (int i = 0; i < N; i++) out[i] = {olo[i], ohi[i]};
   }
-  static JAXHC_HD void planes(const V* u, V* p) { halves<4>(u, p, [](const H* a, H* b, int) { L::planes(a, b); }); }
+  static JAXHC_HD void planes(const V* u, V* p) {
+    halves<4>(u, p, [](const H* a, H* b, int) { L::planes(a, b); });
+  }
 
   template <class T, class F>
   static JAXHC_HD void load_with(const T* x, V* f, F&& load) {  // x: 4 kLanes values
@@ -335,15 +369,31 @@ struct Pair : Planes32 {
     for (int i = 0; i < 4; i++) lo[i] = f[i].lo, hi[i] = f[i].hi;
     store(lo, x), store(hi, x + 4 * L::kLanes);
   }
-  static JAXHC_HD void load(const float* x, V* f) { load_with(x, f, [](const float* p, H* o) { L::load(p, o); }); }
-  static JAXHC_HD void load_bf16(const uint16_t* x, V* f) { load_with(x, f, [](const uint16_t* p, H* o) { L::load_bf16(p, o); }); }
-  static JAXHC_HD void load_f16(const uint16_t* x, V* f) { load_with(x, f, [](const uint16_t* p, H* o) { L::load_f16(p, o); }); }
-  static JAXHC_HD void store(const V* f, float* x) { store_with(f, x, [](const H* v, float* p) { L::store(v, p); }); }
-  static JAXHC_HD void store_bf16(const V* f, uint16_t* x) { store_with(f, x, [](const H* v, uint16_t* p) { L::store_bf16(v, p); }); }
-  static JAXHC_HD void store_f16(const V* f, uint16_t* x) { store_with(f, x, [](const H* v, uint16_t* p) { L::store_f16(v, p); }); }
+  static JAXHC_HD void load(const float* x, V* f) {
+    load_with(x, f, [](const float* p, H* o) { L::load(p, o); });
+  }
+  static JAXHC_HD void load_bf16(const uint16_t* x, V* f) {
+    load_with(x, f, [](const uint16_t* p, H* o) { L::load_bf16(p, o); });
+  }
+  static JAXHC_HD void load_f16(const uint16_t* x, V* f) {
+    load_with(x, f, [](const uint16_t* p, H* o) { L::load_f16(p, o); });
+  }
+  static JAXHC_HD void store(const V* f, float* x) {
+    store_with(f, x, [](const H* v, float* p) { L::store(v, p); });
+  }
+  static JAXHC_HD void store_bf16(const V* f, uint16_t* x) {
+    store_with(f, x, [](const H* v, uint16_t* p) { L::store_bf16(v, p); });
+  }
+  static JAXHC_HD void store_f16(const V* f, uint16_t* x) {
+    store_with(f, x, [](const H* v, uint16_t* p) { L::store_f16(v, p); });
+  }
 
-  static JAXHC_HD V load_words32(const uint32_t* w) { return {L::load_words32(w), L::load_words32(w + L::kLanes)}; }
-  static JAXHC_HD void store_words32(V a, uint32_t* w) { L::store_words32(a.lo, w), L::store_words32(a.hi, w + L::kLanes); }
+  static JAXHC_HD V load_words32(const uint32_t* w) {
+    return {L::load_words32(w), L::load_words32(w + L::kLanes)};
+  }
+  static JAXHC_HD void store_words32(V a, uint32_t* w) {
+    L::store_words32(a.lo, w), L::store_words32(a.hi, w + L::kLanes);
+  }
   static JAXHC_HD void load_words64(const uint64_t* w, V* a) {
     H lo[2], hi[2];
     L::load_words64(w, lo), L::load_words64(w + L::kLanes, hi);

@@ -1,7 +1,8 @@
-// The AVX2 lane type of the lane-parallel ZFP coder (core/zfp_lanes.h: 8 blocks a group, plane
-// tables through gathers) and BMI2 bit permutations for the scalar coder, each compiled for its
-// instruction set only (the module stays baseline x86-64; cpu/zfp_kernels.cc picks a kernel at
-// run time). Load, store and stream-word operations as in cpu/zfp_avx512.h.
+// The AVX2 lane type of the lane-parallel ZFP coder (core/zfp_lanes.h: 8 blocks a vector, two
+// vectors a group (lanes::Pair), plane tables through gathers) and BMI2 bit permutations for the
+// scalar coder, each compiled for its instruction set only (the module stays baseline x86-64;
+// cpu/zfp_kernels.cc picks a kernel at run time). Loads, stores and stream words as in
+// cpu/zfp_avx512.h.
 #pragma once
 #if defined(__x86_64__)
 // GCC 12 warns about _mm512_undefined_epi32 inside its own intrinsics (GCC bug 105593).
@@ -38,7 +39,8 @@ struct Bmi2Bits {
     uint64_t m = detail::reverse_nibbles(w);
     for (int i = 0; i < 4; i++)
       u[i] |= static_cast<UInt>(static_cast<UInt>(_pext_u64(m, 0x1111111111111111ull << i))
-                                << (prec - 16)) >> (prec - 1 - k);
+                                << (prec - 16)) >>
+              (prec - 1 - k);
   }
   __attribute__((target("bmi,bmi2"))) static uint64_t compact(uint64_t w, int f) {
     return _pext_u64(w, ((uint64_t{1} << f) - 1) * 0x1111111111111111ull);
@@ -64,9 +66,18 @@ struct Avx2 : lanes::Planes32 {
   static V xor_(V a, V b) { return _mm256_xor_si256(a, b); }
   static V or_and(V a, V b, V c) { return or_(a, and_(b, c)); }
   static V or_andn(V a, V b, V c) { return or_(a, _mm256_andnot_si256(c, b)); }
-  template <int s> static V sll(V a) { return _mm256_slli_epi32(a, s); }
-  template <int s> static V srl(V a) { return _mm256_srli_epi32(a, s); }
-  template <int s> static V sra(V a) { return _mm256_srai_epi32(a, s); }
+  template <int s>
+  static V sll(V a) {
+    return _mm256_slli_epi32(a, s);
+  }
+  template <int s>
+  static V srl(V a) {
+    return _mm256_srli_epi32(a, s);
+  }
+  template <int s>
+  static V sra(V a) {
+    return _mm256_srai_epi32(a, s);
+  }
   static V sllv(V a, V n) { return _mm256_sllv_epi32(a, n); }
   static V srlv(V a, V n) { return _mm256_srlv_epi32(a, n); }
   static V shrdv(V lo, V hi, V n) { return or_(srlv(lo, n), sllv(hi, sub(set1(32), n))); }
@@ -144,8 +155,10 @@ struct Avx2 : lanes::Planes32 {
   // --- values: 32 of them, block j's value i to lane j of f[i] ----------------------------------
   // l[k] holds blocks 2k and 2k + 1.
   static void from_blocks(const V* l, V* f) {
-    V r0 = _mm256_permute2x128_si256(l[0], l[2], 0x20), r1 = _mm256_permute2x128_si256(l[0], l[2], 0x31);
-    V r2 = _mm256_permute2x128_si256(l[1], l[3], 0x20), r3 = _mm256_permute2x128_si256(l[1], l[3], 0x31);
+    V r0 = _mm256_permute2x128_si256(l[0], l[2], 0x20),
+      r1 = _mm256_permute2x128_si256(l[0], l[2], 0x31);
+    V r2 = _mm256_permute2x128_si256(l[1], l[3], 0x20),
+      r3 = _mm256_permute2x128_si256(l[1], l[3], 0x31);
     __m256 t0 = _mm256_unpacklo_ps(ps(r0), ps(r1)), t1 = _mm256_unpackhi_ps(ps(r0), ps(r1));
     __m256 t2 = _mm256_unpacklo_ps(ps(r2), ps(r3)), t3 = _mm256_unpackhi_ps(ps(r2), ps(r3));
     f[0] = si(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)));
@@ -190,7 +203,9 @@ struct Avx2 : lanes::Planes32 {
     r = select(nan, or_(and_(u, set1(0x80000000)), set1(0x7fc00000)), r);
     return and_(r, set1(0xffff0000));
   }
-  static __m128i f16(V u) { return _mm256_cvtps_ph(ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static __m128i f16(V u) {
+    return _mm256_cvtps_ph(ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   static V round_f16(V u) { return si(_mm256_cvtph_ps(f16(u))); }
   static void store_bf16(const V* f, uint16_t* x) {
     V r[4], l[4];
@@ -208,7 +223,9 @@ struct Avx2 : lanes::Planes32 {
   }
 
   // --- stream words ------------------------------------------------------------------------------
-  static V load_words32(const uint32_t* w) { return _mm256_loadu_si256(reinterpret_cast<const V*>(w)); }
+  static V load_words32(const uint32_t* w) {
+    return _mm256_loadu_si256(reinterpret_cast<const V*>(w));
+  }
   static void store_words32(V a, uint32_t* w) { _mm256_storeu_si256(reinterpret_cast<V*>(w), a); }
   static void load_words64(const uint64_t* w, V* a) {
     __m256 q0 = ps(_mm256_loadu_si256(reinterpret_cast<const V*>(w)));

@@ -26,18 +26,19 @@ using lanes::kLuts;
 
 // Permute indices of the AVX-512 lanes (lane p of a group holds block p).
 struct PlaneIdx {
-  uint8_t gather[2][64];   // [jp] u0/u1 (or u2/u3) bytes 2jp, 2jp + 1 of each lane
-  uint8_t matrix[2][64];   // [h] the 8 bytes of each of lanes 8h..8h+7, reversed for GFNI
-  uint8_t unmatrix[2][64]; // [h] planes words back to the reversed rows of lanes 8h..
-  uint8_t split[2][64];    // [s] coefficient bytes of t = 2s, 2s + 1 of every lane
-  uint8_t join[2][64];     // [t & 1] coefficient t's 4 bytes
+  uint8_t gather[2][64];    // [jp] u0/u1 (or u2/u3) bytes 2jp, 2jp + 1 of each lane
+  uint8_t matrix[2][64];    // [h] the 8 bytes of each of lanes 8h..8h+7, reversed for GFNI
+  uint8_t unmatrix[2][64];  // [h] planes words back to the reversed rows of lanes 8h..
+  uint8_t split[2][64];     // [s] coefficient bytes of t = 2s, 2s + 1 of every lane
+  uint8_t join[2][64];      // [t & 1] coefficient t's 4 bytes
 };
 constexpr PlaneIdx plane_idx() {
   PlaneIdx x{};
   for (int p = 0; p < 16; p++) {
     int h = p >> 3, q = p & 7, o = 8 * q;
     for (int jp = 0; jp < 2; jp++) {
-      const int g[4] = {4 * p + 2 * jp, 4 * p + 2 * jp + 1, 64 + 4 * p + 2 * jp, 64 + 4 * p + 2 * jp + 1};
+      const int g[4] = {4 * p + 2 * jp, 4 * p + 2 * jp + 1, 64 + 4 * p + 2 * jp,
+                        64 + 4 * p + 2 * jp + 1};
       for (int c = 0; c < 4; c++) x.gather[jp][4 * p + c] = static_cast<uint8_t>(g[c]);
     }
     // row t of the matrix is coefficient t's byte 2jp (t < 4) or byte 2jp + 1 (t - 4); GFNI
@@ -55,7 +56,8 @@ constexpr PlaneIdx plane_idx() {
       for (int c = 0; c < 4; c++) x.split[s][4 * p + c] = static_cast<uint8_t>(sp[c]);
     }
     for (int tt = 0; tt < 2; tt++) {
-      const int j[4] = {4 * p + 2 * tt, 4 * p + 2 * tt + 1, 64 + 4 * p + 2 * tt, 64 + 4 * p + 2 * tt + 1};
+      const int j[4] = {4 * p + 2 * tt, 4 * p + 2 * tt + 1, 64 + 4 * p + 2 * tt,
+                        64 + 4 * p + 2 * tt + 1};
       for (int c = 0; c < 4; c++) x.join[tt][4 * p + c] = static_cast<uint8_t>(j[c]);
     }
   }
@@ -64,10 +66,10 @@ constexpr PlaneIdx plane_idx() {
 inline constexpr PlaneIdx kPlaneIdx = plane_idx();
 
 struct HalfIdx {
-  uint16_t spread[4][32];   // [i]: word 2j + 1 <- half 4j + i (bfloat16 into the high word)
-  uint16_t pair[2][32];     // [i >> 1]: words j, 16 + j <- halves 4j + i, 4j + i + 1
-  uint16_t high[32];        // words j, 16 + j <- the high words of lane j of two vectors
-  uint16_t blocks[2][32];   // [h]: word 4j + i of blocks 8h.. <- 16 i + (j + 8h) of two pairs
+  uint16_t spread[4][32];  // [i]: word 2j + 1 <- half 4j + i (bfloat16 into the high word)
+  uint16_t pair[2][32];    // [i >> 1]: words j, 16 + j <- halves 4j + i, 4j + i + 1
+  uint16_t high[32];       // words j, 16 + j <- the high words of lane j of two vectors
+  uint16_t blocks[2][32];  // [h]: word 4j + i of blocks 8h.. <- 16 i + (j + 8h) of two pairs
 };
 constexpr HalfIdx half_idx() {
   HalfIdx x{};
@@ -82,15 +84,16 @@ constexpr HalfIdx half_idx() {
   }
   for (int h = 0; h < 2; h++)
     for (int j = 0; j < 8; j++)
-      for (int i = 0; i < 4; i++) x.blocks[h][4 * j + i] = static_cast<uint16_t>(16 * i + j + 8 * h);
+      for (int i = 0; i < 4; i++)
+        x.blocks[h][4 * j + i] = static_cast<uint16_t>(16 * i + j + 8 * h);
   return x;
 }
 inline constexpr HalfIdx kHalfIdx = half_idx();
 
 // Permute indices and tables of the 16-bit plane decoder (lane j of 32 in word j).
 struct WordIdx {
-  uint16_t low[32], high[32];         // the low / high 16 bits of 32 lanes' 32-bit words
-  uint16_t join[2][32];               // [h] 32-bit words of lanes 16h.. from two word vectors
+  uint16_t low[32], high[32];  // the low / high 16 bits of 32 lanes' 32-bit words
+  uint16_t join[2][32];        // [h] 32-bit words of lanes 16h.. from two word vectors
 };
 constexpr WordIdx word_idx() {
   WordIdx x{};
@@ -108,7 +111,8 @@ constexpr WordIdx word_idx() {
 inline constexpr WordIdx kWordIdx = word_idx();
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vbmi2,gfni,avx2,f16c,fma,bmi,bmi2")
+#pragma GCC target( \
+    "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vbmi2,gfni,avx2,f16c,fma,bmi,bmi2")
 
 #define JAXHC_IDX16(...) _mm512_setr_epi32(__VA_ARGS__)
 
@@ -124,9 +128,18 @@ struct Avx512 : lanes::Planes32 {
   static V or_(V a, V b) { return _mm512_or_si512(a, b); }
   static V xor_(V a, V b) { return _mm512_xor_si512(a, b); }
   static V or_and(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf8); }
-  template <int s> static V sll(V a) { return _mm512_slli_epi32(a, s); }
-  template <int s> static V srl(V a) { return _mm512_srli_epi32(a, s); }
-  template <int s> static V sra(V a) { return _mm512_srai_epi32(a, s); }
+  template <int s>
+  static V sll(V a) {
+    return _mm512_slli_epi32(a, s);
+  }
+  template <int s>
+  static V srl(V a) {
+    return _mm512_srli_epi32(a, s);
+  }
+  template <int s>
+  static V sra(V a) {
+    return _mm512_srai_epi32(a, s);
+  }
   static V sllv(V a, V n) { return _mm512_sllv_epi32(a, n); }
   static V srlv(V a, V n) { return _mm512_srlv_epi32(a, n); }
   static V max_u(V a, V b) { return _mm512_max_epu32(a, b); }
@@ -161,7 +174,6 @@ struct Avx512 : lanes::Planes32 {
   static V perm8(V a, V idx, V b) { return _mm512_permutex2var_epi8(a, idx, b); }
   static V bytes(const uint8_t (&i)[64]) { return _mm512_loadu_si512(i); }
 
-
   static void planes(const V* u, V* p) {
     for (int jp = 0; jp < 2; jp++) {
       V g = bytes(kPlaneIdx.gather[jp]);
@@ -184,7 +196,8 @@ struct Avx512 : lanes::Planes32 {
           rows(), perm8(p[2 * jp], bytes(kPlaneIdx.unmatrix[1]), p[2 * jp + 1]), 0);
       for (int s = 0; s < 2; s++) y[jp][s] = perm8(g0, bytes(kPlaneIdx.split[s]), g1);
     }
-    for (int t = 0; t < 4; t++) u[t] = perm8(y[0][t >> 1], bytes(kPlaneIdx.join[t & 1]), y[1][t >> 1]);
+    for (int t = 0; t < 4; t++)
+      u[t] = perm8(y[0][t >> 1], bytes(kPlaneIdx.join[t & 1]), y[1][t >> 1]);
   }
 
   // --- values: 64 of them, block j's value i to lane j of f[i] ----------------------------------
@@ -239,10 +252,14 @@ struct Avx512 : lanes::Planes32 {
     return and_(r, set1(0xffff0000));
   }
   static V f16_bits(V u) {  // float16 bits in the high half of each lane
-    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)), 16);
+    return _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(
+            _mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+        16);
   }
   static V round_f16(V u) {
-    return _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    return _mm512_castps_si512(_mm512_cvtph_ps(
+        _mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
   }
   static void store_bf16(const V* f, uint16_t* x) {
     V h[4];
@@ -260,15 +277,21 @@ struct Avx512 : lanes::Planes32 {
   static void store_words32(V a, uint32_t* w) { _mm512_storeu_si512(w, a); }
   static void load_words64(const uint64_t* w, V* a) {
     V q0 = _mm512_loadu_si512(w), q1 = _mm512_loadu_si512(w + 8);
-    a[0] = _mm512_permutex2var_epi32(q0, JAXHC_IDX16(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), q1);
-    a[1] = _mm512_permutex2var_epi32(q0, JAXHC_IDX16(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), q1);
+    a[0] = _mm512_permutex2var_epi32(
+        q0, JAXHC_IDX16(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), q1);
+    a[1] = _mm512_permutex2var_epi32(
+        q0, JAXHC_IDX16(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), q1);
   }
   static void store_words64(const V* a, uint64_t* w) {
-    _mm512_storeu_si512(w, _mm512_permutex2var_epi32(a[0], JAXHC_IDX16(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), a[1]));
-    _mm512_storeu_si512(w + 8, _mm512_permutex2var_epi32(a[0], JAXHC_IDX16(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), a[1]));
+    _mm512_storeu_si512(
+        w, _mm512_permutex2var_epi32(
+               a[0], JAXHC_IDX16(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), a[1]));
+    _mm512_storeu_si512(
+        w + 8,
+        _mm512_permutex2var_epi32(
+            a[0], JAXHC_IDX16(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), a[1]));
   }
 };
-
 
 // The plane decoder of a Pair<Avx512> group (32 blocks) in 16-bit lanes: one vector holds the
 // state of all 32 blocks, so each step of a plane is one instruction, not one per half.
@@ -285,8 +308,14 @@ struct Avx512Words : lanes::Planes16 {
   static V xor_(V a, V b) { return _mm512_xor_si512(a, b); }
   static V or_and(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf8); }
   static V or_andn(V a, V b, V c) { return _mm512_ternarylogic_epi32(a, b, c, 0xf4); }
-  template <int s> static V sll(V a) { return _mm512_slli_epi16(a, s); }
-  template <int s> static V srl(V a) { return _mm512_srli_epi16(a, s); }
+  template <int s>
+  static V sll(V a) {
+    return _mm512_slli_epi16(a, s);
+  }
+  template <int s>
+  static V srl(V a) {
+    return _mm512_srli_epi16(a, s);
+  }
   static V sllv(V a, V n) { return _mm512_sllv_epi16(a, n); }
   static V srlv(V a, V n) { return _mm512_srlv_epi16(a, n); }
   static V shrdv(V lo, V hi, V n) { return _mm512_shrdv_epi16(lo, hi, n); }
@@ -301,7 +330,7 @@ struct Avx512Words : lanes::Planes16 {
 
   static V table(const void* t) { return _mm512_loadu_si512(t); }
   static V lookup256(V idx, M upper, const uint8_t* t) {  // idx's low byte into 256 entries
-    constexpr __mmask64 kLow = 0x5555555555555555ull;  // the low byte of each lane
+    constexpr __mmask64 kLow = 0x5555555555555555ull;     // the low byte of each lane
     V lo = _mm512_maskz_permutex2var_epi8(kLow, table(t), idx, table(t + 64));
     V hi = _mm512_maskz_permutex2var_epi8(kLow, table(t + 128), idx, table(t + 192));
     return _mm512_mask_blend_epi16(upper, lo, hi);
