@@ -18,9 +18,16 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from jaxhc.codecs import Zfp
-
-F32_RATES = [3, 4, 5.5, 8, 12.25, 16, 24, 32]
-F64_RATES = F32_RATES + [40, 64]
+from jaxhc.collectives._common import decode_rows, sum_rows
+from tests._zfp_oracle import (
+    F32_RATES,
+    F64_RATES,
+    assert_matches_zfpy,
+    bits,
+    families,
+    ours_roundtrip,
+    zfpy_roundtrip,
+)
 
 
 def _has_gpu() -> bool:
@@ -51,63 +58,6 @@ def x64():
         yield
 
 
-# --- the oracle and our codec, side by side -------------------------------------------------------
-
-
-def zfpy_roundtrip(x: np.ndarray, rate: float) -> tuple[bytes, np.ndarray]:
-    stream = zfpy.compress_numpy(x, rate=rate, write_header=False)
-    y = zfpy._decompress(stream, zfpy.dtype_to_ztype(x.dtype), list(x.shape), rate=rate)
-    return stream, np.asarray(y)
-
-
-@functools.lru_cache(maxsize=64)
-def _roundtrip_fn(rate: float, shape: tuple, dtype):
-    codec = Zfp(rate=rate)
-
-    def roundtrip(x):
-        e = codec.encode(x)
-        return e.payload, e.ok, codec.decode(e.payload, shape, dtype)
-
-    return jax.jit(roundtrip)
-
-
-def ours_roundtrip(x: np.ndarray, rate: float, device) -> tuple[bytes, np.ndarray, bool]:
-    payload, ok, y = _roundtrip_fn(rate, x.shape, x.dtype)(jax.device_put(x, device))
-    return np.asarray(payload).tobytes(), np.asarray(y), bool(ok)
-
-
-def bits(a: np.ndarray) -> np.ndarray:
-    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
-
-
-def assert_matches_zfpy(x: np.ndarray, rate: float, device) -> None:
-    stream, y, ok = ours_roundtrip(x, rate, device)
-    ref_stream, ref_y = zfpy_roundtrip(x, rate)
-    assert stream == ref_stream, f"stream differs from zfpy: n={x.size} rate={rate} {x.dtype}"
-    np.testing.assert_array_equal(bits(y), bits(ref_y), err_msg=f"n={x.size} rate={rate}")
-    assert ok == bool(np.isfinite(x).all())
-
-
-def families(dtype, n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    fi = np.finfo(dtype)
-    t = np.arange(n)
-    with np.errstate(over="ignore", under="ignore"):
-        out = {
-            "smooth": np.sin(t * 0.01) * 100 + np.cos(t * 0.003),
-            "walk": np.cumsum(rng.standard_normal(n)),
-            "noisy": rng.standard_normal(n),
-            "constant": np.full(n, 3.25),
-            "magnitudes": rng.standard_normal(n) * 10.0 ** rng.uniform(-30, 30, n),
-            "denormals": rng.integers(-(2**20), 2**20, n) * float(fi.smallest_subnormal),
-            "tiny": rng.standard_normal(n) * float(fi.tiny) * 2.0 ** rng.integers(-20, 40, n),
-            "huge": rng.standard_normal(n) * float(fi.max) / 4,
-            "zeros": np.zeros(n),
-            "negzeros": np.full(n, -0.0),
-        }
-        return {k: v.astype(dtype) for k, v in out.items()}
-
-
 # --- identity with zfpy ------------------------------------------------------------------------
 
 
@@ -125,7 +75,7 @@ def test_float64_matches_zfpy(rate, device, x64):
 
 def some_lengths():
     # every n % 4 and every block count up to 17, word/group boundaries (a group is at most 64
-    # blocks), and the longest; test_all_lengths covers 1..4099.
+    # blocks), and the longest; test_zfp_kernels covers 1..4099 for every CPU kernel.
     return [*range(1, 69), *range(127, 134), *range(255, 262), 1023, 1024, 1025, *range(4093, 4100)]
 
 
@@ -134,32 +84,6 @@ def test_lengths_match_zfpy(dtype, rate, device, x64):
     x = families(dtype, 4099, seed=1)["walk"]
     for n in some_lengths():
         assert_matches_zfpy(x[:n], rate, device)
-
-
-@pytest.mark.parametrize("dtype,rates", [(np.float32, F32_RATES), (np.float64, F64_RATES)])
-def test_portable_cpu_path_matches_zfpy(dtype, rates, monkeypatch, x64):
-    # The CPU module uses BMI2 pdep/pext where they are fast; this forces the portable bit code
-    # (also what the CUDA build runs).
-    monkeypatch.setenv("JAXHC_ZFP_PORTABLE", "1")
-    cpu = jax.devices("cpu")[0]
-    for rate in rates:
-        for x in families(dtype, 1001, seed=4).values():
-            assert_matches_zfpy(x, rate, cpu)
-
-
-@pytest.mark.parametrize("dtype,rate", [(np.float32, 8), (np.float32, 5.5), (np.float64, 16)])
-@pytest.mark.parametrize("family", ["magnitudes", "walk"])
-def test_all_lengths_match_zfpy_on_the_host(dtype, rate, family):
-    """Every length 1..4099 through the host entry point (the handlers' kernels, no jit)."""
-    codec = Zfp(rate)
-    x = families(dtype, 4099, seed=2)[family]
-    for n in range(1, 4100):
-        stream, finite = codec.encode_numpy(x[:n])
-        ref_stream, ref_y = zfpy_roundtrip(x[:n], rate)
-        assert stream == ref_stream, f"stream differs from zfpy: n={n} rate={rate} {x.dtype}"
-        y = codec.decode_numpy(stream, n, dtype)
-        np.testing.assert_array_equal(bits(y), bits(ref_y), err_msg=f"n={n} rate={rate}")
-        assert finite
 
 
 @pytest.mark.slow
@@ -190,6 +114,19 @@ def test_narrow_floats_widen_to_float32(dtype, device):
     assert np.asarray(e.payload).tobytes() == ref_stream
     assert y.dtype == dtype
     np.testing.assert_array_equal(bits(np.asarray(y)), bits(ref_y.astype(dtype)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_decode_sum_equals_decode_then_sum(dtype, device):
+    """The fused handler against decoding each payload and adding the rows in rank order (random
+    payload bytes: every exponent, overflows to inf, inf - inf)."""
+    codec, m = Zfp(rate=8), 1001
+    rng = np.random.default_rng(1)
+    size = codec.payload_bytes(m, dtype)
+    payloads = jax.device_put(rng.integers(0, 256, (3, size), np.uint8), device)
+    fused = jax.jit(lambda p: codec.decode_sum(p, m, dtype))(payloads)
+    unfused = jax.jit(lambda p: sum_rows(decode_rows(codec, p, m, dtype), dtype).astype(dtype))
+    np.testing.assert_array_equal(bits(np.asarray(fused)), bits(np.asarray(unfused(payloads))))
 
 
 # --- non-finite input ----------------------------------------------------------------------------
@@ -291,10 +228,15 @@ def test_handler_rejects_bad_buffers():
         call((jax.ShapeDtypeStruct((7,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)))(
             x, maxbits=32
         )
-    with pytest.raises(Exception, match="float32 or float64"):
+    with pytest.raises(Exception, match="float32, float64, bfloat16 or float16"):
         call((jax.ShapeDtypeStruct((8,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)))(
             x.astype(jnp.int32), maxbits=32
         )
+    call = functools.partial(jax.ffi.ffi_call, "jaxhc_zfp_decode_sum")
+    with pytest.raises(Exception, match=r"payloads \[3,40\] must be \[..., parts, bytes\]"):
+        call(jax.ShapeDtypeStruct((2, 10), jnp.float32))(jnp.zeros((3, 40), jnp.uint8), maxbits=32)
+    with pytest.raises(Exception, match="payload shape"):
+        call(jax.ShapeDtypeStruct((10,), jnp.float32))(jnp.zeros((3, 48), jnp.uint8), maxbits=32)
 
 
 @pytest.mark.parametrize("dtype,rate", [(np.float32, 7), (np.float32, 32), (np.float64, 50)])

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/mpc.h"
 #include "core/zfp.h"
@@ -37,6 +38,30 @@ std::string check_decode_args(xla::ffi::AnyBuffer payload, xla::ffi::AnyBuffer x
   if (!err.empty()) return err;
   if (payload.element_type() != xla::ffi::DataType::U8) return "payload must be uint8";
   if (!aligned8(payload.untyped_data())) return "payload buffer is not 8-byte aligned";
+  return "";
+}
+
+// Payloads [..., parts, bytes] summed into values [..., n] (jaxhc_zfp_decode_sum).
+template <typename Scalar>
+std::string check_decode_sum_args(xla::ffi::AnyBuffer payloads, xla::ffi::AnyBuffer x,
+                                  int64_t maxbits, Rows* r, uint64_t* parts) {
+  auto pd = payloads.dimensions(), xd = x.dimensions();
+  if (pd.size() < 2 || pd.size() != xd.size() + 1)
+    return "payloads " + dims_str(pd) + " must be [..., parts, bytes] for values " +
+           dims_str(xd) + " [..., n]";
+  std::vector<int64_t> rows(pd.begin(), pd.end() - 2), one(rows);
+  rows.push_back(pd.back());
+  one.push_back(xd.back());
+  std::string err = check_rows<Scalar>(one, rows, static_cast<const std::vector<int64_t>*>(nullptr),
+                                       maxbits, r);
+  if (!err.empty()) return err;
+  for (size_t i = 0; i + 1 < xd.size(); i++)
+    if (pd[i] != xd[i])
+      return "payloads " + dims_str(pd) + " and values " + dims_str(xd) + " differ in batch dims";
+  *parts = static_cast<uint64_t>(pd[pd.size() - 2]);
+  if (*parts == 0) return "payloads " + dims_str(pd) + " hold no parts to sum";
+  if (payloads.element_type() != xla::ffi::DataType::U8) return "payloads must be uint8";
+  if (!aligned8(payloads.untyped_data())) return "payloads buffer is not 8-byte aligned";
   return "";
 }
 

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/common.h"
+#include "core/floats.h"
 #include "core/zfp_planes.h"
 
 namespace jaxhc {
@@ -176,19 +177,16 @@ JAXHC_HD void inv_lift(typename Traits<Scalar>::UInt* p) {
 
 using detail::PortableBits;
 
-// Block b of x[0, n) as zfp codes it: a partial last block padded by zfp's pad_block.
-template <typename Scalar>
-JAXHC_HD void load_block(const Scalar* x, uint64_t n, uint64_t b, Scalar* v) {
-  const Scalar* p = x + 4 * b;
+// Block b of x[0, n) as zfp codes it (widened to the coded type): a partial last block padded
+// by zfp's pad_block.
+template <typename T>
+JAXHC_HD void load_block(const T* x, uint64_t n, uint64_t b, typename Elems<T>::Coded* v) {
+  const T* p = x + 4 * b;
   uint64_t m = n - 4 * b;
-  if (m >= 4) {
-    v[0] = p[0], v[1] = p[1], v[2] = p[2], v[3] = p[3];
-    return;
-  }
-  v[0] = p[0];
-  v[1] = m > 1 ? p[1] : v[0];
-  v[2] = m > 2 ? p[2] : v[1];
-  v[3] = v[0];
+  v[0] = Elems<T>::widen(p[0]);
+  v[1] = m > 1 ? Elems<T>::widen(p[1]) : v[0];
+  v[2] = m > 2 ? Elems<T>::widen(p[2]) : v[1];
+  v[3] = m > 3 ? Elems<T>::widen(p[3]) : v[0];
 }
 
 // Where encode_block appends its bits: anything with put(v, n) that appends the n low bits of v
@@ -275,8 +273,9 @@ JAXHC_HD void decode_block(const uint64_t* in, int maxbits, Scalar* v) {
 // Word w of the stream of x[0, n): the codes of all blocks with bits in it, each block coded
 // whole (the CUDA encoder runs one thread per word: threads share nothing). Clears *finite if one
 // of those blocks is not finite.
-template <typename Scalar>
-JAXHC_HD uint64_t encode_word(const Scalar* x, uint64_t n, int maxbits, uint64_t w, bool* finite) {
+template <typename T>
+JAXHC_HD uint64_t encode_word(const T* x, uint64_t n, int maxbits, uint64_t w, bool* finite) {
+  using Scalar = typename Elems<T>::Coded;
   uint64_t lo = 64 * w, blocks = (n + 3) / 4;  // the word holds stream bits [lo, lo + 64)
   uint64_t end = (lo + 64 + maxbits - 1) / maxbits;
   if (end > blocks) end = blocks;

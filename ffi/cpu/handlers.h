@@ -3,10 +3,14 @@
 // Buffer contracts (shared with the CUDA module and with jaxhc/codecs/*.py). Every operand carries
 // optional leading batch dimensions (vmap uses "broadcast_all"); the last dimension is the item.
 // Attributes arrive as int64 (jax.ffi.ffi_call passes Python ints as i64).
-//   jaxhc_zfp_encode  x: F32|F64 [..., n]          attrs: maxbits (bits per 4-value block)
+//   jaxhc_zfp_encode  x: F32|F64|BF16|F16 [..., n]  attrs: maxbits (bits per 4-value block)
 //                     -> payload: U8 [..., zfp_payload_bytes(n, maxbits)], finite: PRED [...]
+//                     BF16/F16 values are coded as their float32 widening (the float32 stream)
 //   jaxhc_zfp_decode  payload: U8 [..., bytes]      attrs: maxbits
-//                     -> x: F32|F64 [..., n]
+//                     -> x: F32|F64|BF16|F16 [..., n]  (narrow types rounded as jnp.astype)
+//   jaxhc_zfp_decode_sum  payloads: U8 [..., P, bytes]  attrs: maxbits
+//                     -> x: F32|F64|BF16|F16 [..., n]: the P decoded rows, each rounded to x's
+//                        type, added in order 0..P-1 in float32 (float64 for F64), then rounded
 //   jaxhc_mpc_encode  x: W [..., n]                attrs: dim (1..64)
 //                     W: any 16/32/64-bit int or float type; only its bits are coded
 //                     -> payload: U8 [..., capacity], nbytes: S32 [...]  (nbytes > capacity: over budget),
@@ -21,14 +25,6 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpEncodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpDecodeCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpDecodeSumCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcEncodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcDecodeCpu);
-
-// Host entry points of the ZFP kernels on plain buffers (one row; `payload` 8-byte aligned and
-// zfp_payload_bytes(n, maxbits) long), for the Python module's numpy functions.
-namespace jaxhc {
-namespace zfp {
-bool encode_host(const void* x, bool f64, uint64_t n, int maxbits, uint64_t* payload);
-void decode_host(const uint64_t* payload, bool f64, uint64_t n, int maxbits, void* x);
-}  // namespace zfp
-}  // namespace jaxhc

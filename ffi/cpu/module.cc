@@ -11,6 +11,7 @@
 #include "core/zfp.h"
 #include "cpu/handlers.h"
 #include "cpu/parallel.h"
+#include "cpu/zfp_kernels.h"
 
 namespace nb = nanobind;
 
@@ -41,7 +42,8 @@ nb::tuple zfp_encode(Values x, int maxbits) {
   uint64_t n = x.shape(0);
   if (n == 0) throw std::invalid_argument("zfp cannot encode an empty array");
   std::vector<uint64_t> words(jaxhc::zfp::payload_bytes(n, maxbits) / 8);
-  bool finite = jaxhc::zfp::encode_host(x.data(), f64, n, maxbits, words.data());
+  auto type = f64 ? jaxhc::zfp::Elem::kF64 : jaxhc::zfp::Elem::kF32;
+  bool finite = jaxhc::zfp::encode_row(x.data(), type, n, maxbits, words.data());
   return nb::make_tuple(nb::bytes(words.data(), words.size() * 8), finite);
 }
 
@@ -57,7 +59,8 @@ nb::object zfp_decode(nb::bytes stream, uint64_t n, bool f64, int maxbits) {
   std::memcpy(words.data(), stream.c_str(), need);
   size_t size = n * (f64 ? 8 : 4);
   auto* out = new uint8_t[size];
-  jaxhc::zfp::decode_host(words.data(), f64, n, maxbits, out);
+  jaxhc::zfp::decode_row(words.data(), f64 ? jaxhc::zfp::Elem::kF64 : jaxhc::zfp::Elem::kF32, n,
+                         maxbits, out);
   nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
   size_t shape[1] = {n};
   if (f64) return nb::cast(nb::ndarray<nb::numpy, double, nb::ndim<1>>(out, 1, shape, owner));
@@ -71,6 +74,7 @@ NB_MODULE(_jaxhc_cpu, m) {
     nb::dict d;
     d["jaxhc_zfp_encode"] = Capsule(JaxhcZfpEncodeCpu);
     d["jaxhc_zfp_decode"] = Capsule(JaxhcZfpDecodeCpu);
+    d["jaxhc_zfp_decode_sum"] = Capsule(JaxhcZfpDecodeSumCpu);
     d["jaxhc_mpc_encode"] = Capsule(JaxhcMpcEncodeCpu);
     d["jaxhc_mpc_decode"] = Capsule(JaxhcMpcDecodeCpu);
     return d;
@@ -90,6 +94,16 @@ NB_MODULE(_jaxhc_cpu, m) {
         "Encode a 1-D float32/float64 numpy array on the host: (stream bytes, all finite).");
   m.def("zfp_decode", &zfp_decode, nb::arg("stream"), nb::arg("n"), nb::arg("f64"),
         nb::arg("maxbits"), "Decode n values of a host stream written by zfp_encode.");
+  m.def(
+      "zfp_kernels",
+      []() {
+        nb::list names;
+        for (auto k : {jaxhc::zfp::Kernel::kAvx512, jaxhc::zfp::Kernel::kAvx2,
+                       jaxhc::zfp::Kernel::kBmi2, jaxhc::zfp::Kernel::kPortable})
+          if (jaxhc::zfp::kernel_supported(k)) names.append(jaxhc::zfp::kernel_name(k));
+        return names;
+      },
+      "ZFP kernels this CPU runs, fastest first (JAXHC_ZFP_KERNEL picks one; default the first).");
   m.def("mpc_header_bytes", &jaxhc::mpc::header_bytes, nb::arg("n"), nb::arg("word_bytes"),
         "Bytes of the MPC payload header (and chunk table) for n words of word_bytes each.");
   m.def("mpc_max_payload_bytes", &jaxhc::mpc::max_payload_bytes, nb::arg("n"),

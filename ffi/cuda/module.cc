@@ -18,6 +18,7 @@ NB_MODULE(_jaxhc_cuda, m) {
     nb::dict d;
     d["jaxhc_zfp_encode"] = Capsule(JaxhcZfpEncodeCuda);
     d["jaxhc_zfp_decode"] = Capsule(JaxhcZfpDecodeCuda);
+    d["jaxhc_zfp_decode_sum"] = Capsule(JaxhcZfpDecodeSumCuda);
     d["jaxhc_mpc_encode"] = Capsule(JaxhcMpcEncodeCuda);
     d["jaxhc_mpc_decode"] = Capsule(JaxhcMpcDecodeCuda);
     return d;

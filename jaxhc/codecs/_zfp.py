@@ -25,9 +25,10 @@ class Zfp(Codec):
     """Fixed-rate ZFP: each block of 4 consecutive values is coded in exactly round(4 * rate) bits.
 
     The stream of a 1-D float32/float64 array is byte-identical to
-    ``zfpy.compress_numpy(x, rate=rate, write_header=False)``. bfloat16/float16 are widened to
-    float32 on the way in and narrowed on the way out. Rates: 3..32 bits/value for float32 (and
-    the narrow types), 3..64 for float64; zfp rounds a fractional rate to a multiple of 1/4.
+    ``zfpy.compress_numpy(x, rate=rate, write_header=False)``. bfloat16/float16 values are coded
+    as their float32 widening (inside the kernel: no widened copy) and decoded values rounded as
+    ``astype`` does. Rates: 3..32 bits/value for float32 (and the narrow types), 3..64 for
+    float64; zfp rounds a fractional rate to a multiple of 1/4.
 
     >>> import jax.numpy as jnp
     >>> from jaxhc.codecs import Zfp
@@ -74,8 +75,7 @@ class Zfp(Codec):
         return int(_native.cpu.zfp_payload_bytes(int(n), self.maxbits(dtype)))
 
     def encode(self, x: jax.Array) -> Encoded:
-        coded = self.coded_dtype(x.dtype)
-        flat = x.reshape(-1).astype(coded)
+        flat = x.reshape(-1)
         n = flat.shape[0]
         if n == 0:
             raise ValueError("zfp cannot encode an empty array")
@@ -88,15 +88,46 @@ class Zfp(Codec):
         return like(Encoded(payload, finite, jnp.asarray(size, jnp.int32)), x)
 
     def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:
-        coded = self.coded_dtype(dtype)
+        dtype = self.check_dtype(dtype)
         n = num_elements(shape)
         _check_payload(self, payload, self.payload_bytes(n, dtype))
         flat = jax.ffi.ffi_call(
             "jaxhc_zfp_decode",
-            jax.ShapeDtypeStruct((n,), coded),
+            jax.ShapeDtypeStruct((n,), dtype),
             vmap_method="broadcast_all",
         )(payload, maxbits=self.maxbits(dtype))
-        return like(flat, payload).astype(dtype).reshape(shape)
+        return like(flat, payload).reshape(shape)
+
+    def decode_sum(self, payloads: jax.Array, n: int, dtype) -> jax.Array:
+        """The values of the payloads (P, payload_bytes(n)) added in order 0..P-1: (n,) of dtype.
+
+        Bit for bit what decoding each payload to `dtype` and adding the rows in rank order in
+        float32 (float64 stays float64), then rounding to `dtype`, gives
+        (``jaxhc.collectives._common.sum_rows``), in one pass without the P decoded rows.
+
+        >>> import jax.numpy as jnp
+        >>> from jaxhc.codecs import Zfp
+        >>> codec = Zfp(rate=8)
+        >>> rows = jnp.stack([codec.encode(jnp.full(10, v, jnp.float32)).payload for v in (1, 2)])
+        >>> codec.decode_sum(rows, 10, jnp.float32)[:3]
+        Array([3., 3., 3.], dtype=float32)
+        """
+        dtype = self.check_dtype(dtype)
+        n = int(n)
+        size = self.payload_bytes(n, dtype)
+        if payloads.dtype != jnp.uint8 or payloads.ndim != 2 or payloads.shape[1] != size:
+            raise ValueError(
+                f"codec {self.spec!r}: payloads must be uint8[P, {size}] for {n} values, "
+                f"got {payloads.dtype}{list(payloads.shape)}"
+            )
+        if payloads.shape[0] == 0:
+            raise ValueError(f"codec {self.spec!r}: decode_sum needs at least one payload")
+        total = jax.ffi.ffi_call(
+            "jaxhc_zfp_decode_sum",
+            jax.ShapeDtypeStruct((n,), dtype),
+            vmap_method="broadcast_all",
+        )(payloads, maxbits=self.maxbits(dtype))
+        return like(total, payloads)
 
     def encode_numpy(self, x) -> tuple[bytes, bool]:
         """Host (numpy) encode of a 1-D float32/float64 array: (stream, all finite).

@@ -1,0 +1,273 @@
+// The block loops of the CPU ZFP kernels (instantiated per kernel in cpu/zfp_kernels.cc): blocks
+// [b0, b1) of one row, coded into its stream from the 64-bit word holding block b0's first bit
+// (b0 starts a word), or decoded from the row's stream. The scalar loops code one block at a
+// time (core/zfp.h); the lane loops code whole groups of L::kLanes blocks (core/zfp_lanes.h) and
+// hand the rest (a group the lane coder declines, the row's last blocks) to the scalar coder.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "core/floats.h"
+#include "core/zfp.h"
+#include "core/zfp_lanes.h"
+#include "cpu/zfp_kernels.h"
+
+namespace jaxhc {
+namespace zfp {
+namespace cpu {
+
+// Appends bit fields to 64-bit little-endian words, LSB first.
+class WordWriter {
+ public:
+  explicit WordWriter(uint64_t* out) : out_(out) {}
+
+  // Appends the n low bits of v (0 <= n <= 64, no bits above them).
+  void put(uint64_t v, int n) {
+    acc_ |= v << fill_;
+    if (fill_ + n >= 64) {
+      *out_++ = acc_;
+      acc_ = fill_ ? v >> (64 - fill_) : 0;
+      fill_ += n - 64;
+    } else {
+      fill_ += n;
+    }
+  }
+
+  void flush() {
+    if (fill_) *out_ = acc_;
+  }
+
+ private:
+  uint64_t* out_;
+  uint64_t acc_ = 0;
+  int fill_ = 0;
+};
+
+// The element type of a row of E (core/floats.h), and the type its stream codes.
+template <Elem E>
+struct ElemType;
+template <>
+struct ElemType<Elem::kF32> {
+  using T = float;
+};
+template <>
+struct ElemType<Elem::kF64> {
+  using T = double;
+};
+template <>
+struct ElemType<Elem::kBF16> {
+  using T = Bf16;
+};
+template <>
+struct ElemType<Elem::kF16> {
+  using T = F16;
+};
+
+template <Elem E>
+using T_ = typename ElemType<E>::T;
+template <Elem E>
+using Io = Elems<T_<E>>;
+template <Elem E>
+using Coded_ = typename Io<E>::Coded;
+
+// --- one block at a time -----------------------------------------------------------------------
+
+template <class Bits, Elem E, class Sink>
+inline bool encode_one(const T_<E>* x, uint64_t n, uint64_t b, int maxbits, Sink& out) {
+  Coded_<E> v[4];
+  load_block(x, n, b, v);
+  return encode_block<Bits>(v, maxbits, out);
+}
+
+template <class Bits, Elem E>
+inline void decode_one(const uint64_t* row, uint64_t nwords, uint64_t b, int maxbits,
+                       Coded_<E>* v) {
+  uint64_t in[Format<Coded_<E>>::kWords];
+  load_block_bits(row, nwords, b, maxbits, in);
+  decode_block<Bits>(in, maxbits, v);
+}
+
+// Block b's values, rounded to E (and back to the coded type) as decode_sum adds them.
+template <Elem E>
+inline Coded_<E> rounded(Coded_<E> v) {
+  return Io<E>::widen(Io<E>::narrow(v));
+}
+
+template <class Bits, Elem E>
+bool encode_scalar(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
+                   uint64_t* words) {
+  WordWriter out(words);
+  bool ok = true;
+  for (uint64_t b = b0; b < b1; b++) ok &= encode_one<Bits, E>(x, n, b, maxbits, out);
+  out.flush();  // only the row's last range ends inside a word
+  return ok;
+}
+
+template <class Bits, Elem E>
+void decode_scalar(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
+                   int maxbits, T_<E>* x) {
+  for (uint64_t b = b0; b < b1; b++) {
+    Coded_<E> v[4];
+    decode_one<Bits, E>(row, nwords, b, maxbits, v);
+    for (uint64_t i = 0; i < 4 && 4 * b + i < n; i++) x[4 * b + i] = Io<E>::narrow(v[i]);
+  }
+}
+
+template <class Bits, Elem E>
+void decode_sum_scalar(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
+                       uint64_t b0, uint64_t b1, int maxbits, T_<E>* x) {
+  for (uint64_t b = b0; b < b1; b++) {
+    Coded_<E> acc[4], v[4];
+    decode_one<Bits, E>(rows[0], nwords, b, maxbits, acc);
+    for (int i = 0; i < 4; i++) acc[i] = rounded<E>(acc[i]);
+    for (int p = 1; p < parts; p++) {
+      decode_one<Bits, E>(rows[p], nwords, b, maxbits, v);
+      for (int i = 0; i < 4; i++) acc[i] += rounded<E>(v[i]);
+    }
+    for (uint64_t i = 0; i < 4 && 4 * b + i < n; i++) x[4 * b + i] = Io<E>::narrow(acc[i]);
+  }
+}
+
+// --- groups of L::kLanes blocks (float32 coded) ------------------------------------------------
+
+template <class L, Elem E>
+inline void load_values(const T_<E>* x, typename L::V* f) {
+  if constexpr (E == Elem::kF32)
+    L::load(x, f);
+  else if constexpr (E == Elem::kBF16)
+    L::load_bf16(reinterpret_cast<const uint16_t*>(x), f);
+  else
+    L::load_f16(reinterpret_cast<const uint16_t*>(x), f);
+}
+
+template <class L, Elem E>
+inline void store_values(const typename L::V* f, T_<E>* x) {
+  if constexpr (E == Elem::kF32)
+    L::store(f, x);
+  else if constexpr (E == Elem::kBF16)
+    L::store_bf16(f, reinterpret_cast<uint16_t*>(x));
+  else
+    L::store_f16(f, reinterpret_cast<uint16_t*>(x));
+}
+
+template <class L, Elem E>
+inline void round_values(typename L::V* f) {
+  for (int i = 0; i < 4; i++) {
+    if constexpr (E == Elem::kBF16)
+      f[i] = L::round_bf16(f[i]);
+    else if constexpr (E == Elem::kF16)
+      f[i] = L::round_f16(f[i]);
+  }
+}
+
+// Whole 32- or 64-bit stream words per block (rates 8 and 16): groups move as vectors.
+constexpr bool word_blocks(int W, int maxbits) { return W <= 2 && maxbits == 32 * W; }
+
+template <class L, class Bits, int W, Elem E>
+bool encode_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
+                  uint64_t* words) {
+  using V = typename L::V;
+  constexpr int K = L::kLanes;
+  const uint64_t full = std::min(b1, n / 4);
+  const bool whole = word_blocks(W, maxbits);
+  WordWriter out(words);
+  bool ok = true;
+  uint64_t b = b0;
+  for (; b + K <= full; b += K) {
+    V f[4], a[W];
+    load_values<L, E>(x + 4 * b, f);
+    if (lanes::Coder<L>::template encode<W>(f, maxbits, a)) {
+      if (whole) {
+        if constexpr (W == 1) L::store_words32(a[0], reinterpret_cast<uint32_t*>(words) + (b - b0));
+        if constexpr (W == 2) L::store_words64(a, words + (b - b0));
+        continue;
+      }
+      alignas(64) uint32_t lane[W][K];
+      for (int i = 0; i < W; i++) std::memcpy(lane[i], &a[i], sizeof(V));
+      for (int j = 0; j < K; j++)
+        for (int i = 0; i < W && 32 * i < maxbits; i++)
+          out.put(lane[i][j], std::min(32, maxbits - 32 * i));
+    } else if (whole) {  // whole words: each block's word(s) in place
+      for (int j = 0; j < K; j++) {
+        BlockBits<2> bits;
+        ok &= encode_one<Bits, E>(x, n, b + j, maxbits, bits);
+        if (W == 1)
+          reinterpret_cast<uint32_t*>(words)[b - b0 + j] = static_cast<uint32_t>(bits.w[0]);
+        else
+          words[b - b0 + j] = bits.w[0];
+      }
+    } else {
+      for (int j = 0; j < K; j++) ok &= encode_one<Bits, E>(x, n, b + j, maxbits, out);
+    }
+  }
+  if (whole)
+    return encode_scalar<Bits, E>(x, n, b, b1, maxbits, words + (b - b0) * maxbits / 64) && ok;
+  for (; b < b1; b++) ok &= encode_one<Bits, E>(x, n, b, maxbits, out);
+  out.flush();
+  return ok;
+}
+
+// The float32 bits of the values of blocks [b, b + L::kLanes), lane j holding block b + j.
+template <class L, class Bits, int W>
+inline void decode_group(const uint64_t* row, uint64_t nwords, uint64_t b, int maxbits,
+                         typename L::V* f) {
+  using V = typename L::V;
+  constexpr int K = L::kLanes;
+  V a[W];
+  if (word_blocks(W, maxbits)) {
+    if constexpr (W == 1) a[0] = L::load_words32(reinterpret_cast<const uint32_t*>(row) + b);
+    if constexpr (W == 2) L::load_words64(row + b, a);
+  } else {
+    alignas(64) uint32_t lane[W][K];
+    for (int j = 0; j < K; j++) {
+      uint64_t in[2] = {0, 0};
+      load_block_bits(row, nwords, b + j, maxbits, in);
+      for (int i = 0; i < 2; i++) in[i] = detail::low_bits(in[i], std::max(0, maxbits - 64 * i));
+      for (int i = 0; i < W; i++) lane[i][j] = static_cast<uint32_t>(in[i >> 1] >> (32 * (i & 1)));
+    }
+    for (int i = 0; i < W; i++) std::memcpy(&a[i], lane[i], sizeof(V));
+  }
+  if (lanes::Coder<L>::template decode<W>(a, maxbits, f)) return;
+  alignas(64) float v[4 * K];
+  for (int j = 0; j < K; j++) decode_one<Bits, Elem::kF32>(row, nwords, b + j, maxbits, v + 4 * j);
+  L::load(v, f);
+}
+
+template <class L, class Bits, int W, Elem E>
+void decode_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
+                  int maxbits, T_<E>* x) {
+  constexpr int K = L::kLanes;
+  const uint64_t full = std::min(b1, n / 4);
+  uint64_t b = b0;
+  for (; b + K <= full; b += K) {
+    typename L::V f[4];
+    decode_group<L, Bits, W>(row, nwords, b, maxbits, f);
+    store_values<L, E>(f, x + 4 * b);
+  }
+  decode_scalar<Bits, E>(row, nwords, n, b, b1, maxbits, x);
+}
+
+template <class L, class Bits, int W, Elem E>
+void decode_sum_lanes(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
+                      uint64_t b0, uint64_t b1, int maxbits, T_<E>* x) {
+  constexpr int K = L::kLanes;
+  const uint64_t full = std::min(b1, n / 4);
+  uint64_t b = b0;
+  for (; b + K <= full; b += K) {
+    typename L::V acc[4], f[4];
+    decode_group<L, Bits, W>(rows[0], nwords, b, maxbits, acc);
+    round_values<L, E>(acc);
+    for (int p = 1; p < parts; p++) {
+      decode_group<L, Bits, W>(rows[p], nwords, b, maxbits, f);
+      round_values<L, E>(f);
+      for (int i = 0; i < 4; i++) acc[i] = L::fadd(acc[i], f[i]);
+    }
+    store_values<L, E>(acc, x + 4 * b);
+  }
+  decode_sum_scalar<Bits, E>(rows, parts, nwords, n, b, b1, maxbits, x);
+}
+
+}  // namespace cpu
+}  // namespace zfp
+}  // namespace jaxhc

@@ -1,0 +1,343 @@
+// The CPU ZFP kernels (cpu/zfp_kernels.h): the block loops of cpu/zfp_blocks.h compiled once per
+// instruction set (function target attributes, every call inlined), one picked per call.
+//
+// Rows are split over threads in groups of blocks whose bit ranges start on a 64-bit word
+// (64 / gcd(maxbits, 64) blocks), so each thread writes whole words of its own and every word of
+// a payload, the zero padding of the last one included, is written exactly once.
+#include "cpu/zfp_kernels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/zfp.h"
+#include "cpu/memory.h"
+#include "cpu/parallel.h"
+#include "cpu/zfp_avx2.h"
+#include "cpu/zfp_avx512.h"
+#include "cpu/zfp_blocks.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#else
+#include <cfenv>
+#endif
+
+namespace jaxhc {
+namespace zfp {
+namespace {
+
+using cpu::T_;
+
+// The three block-range loops of one kernel for one element type (type-erased).
+struct Loops {
+  bool (*encode)(const void* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits, uint64_t* words);
+  void (*decode)(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
+                 int maxbits, void* x);
+  void (*decode_sum)(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
+                     uint64_t b0, uint64_t b1, int maxbits, void* x);
+};
+
+// Defines struct NAME<Params...> whose encode/decode/decode_sum run the block loops ENC, DEC and
+// SUM (templates of zfp_blocks.h, instantiated with ARGS) under function attributes ATTR.
+#define JAXHC_ZFP_LOOPS(NAME, PARAMS, ATTR, ENC, DEC, SUM, ARGS)                              \
+  template <PARAMS>                                                                           \
+  struct NAME {                                                                               \
+    ATTR static bool encode(const void* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits, \
+                            uint64_t* words) {                                                \
+      return cpu::ENC<ARGS>(static_cast<const T_<E>*>(x), n, b0, b1, maxbits, words);         \
+    }                                                                                         \
+    ATTR static void decode(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0,    \
+                            uint64_t b1, int maxbits, void* x) {                              \
+      cpu::DEC<ARGS>(row, nwords, n, b0, b1, maxbits, static_cast<T_<E>*>(x));                \
+    }                                                                                         \
+    ATTR static void decode_sum(const uint64_t* const* rows, int parts, uint64_t nwords,      \
+                                uint64_t n, uint64_t b0, uint64_t b1, int maxbits, void* x) { \
+      cpu::SUM<ARGS>(rows, parts, nwords, n, b0, b1, maxbits, static_cast<T_<E>*>(x));        \
+    }                                                                                         \
+    static constexpr Loops loops() { return {encode, decode, decode_sum}; }                   \
+  };
+
+// clang-format off
+#define JAXHC_COMMA ,
+JAXHC_ZFP_LOOPS(Portable, Elem E, , encode_scalar, decode_scalar, decode_sum_scalar,
+                PortableBits JAXHC_COMMA E)
+#if defined(__x86_64__)
+using x86::Bmi2Bits;
+#define JAXHC_BMI2 __attribute__((target("bmi,bmi2"), flatten))
+#define JAXHC_AVX2 __attribute__((target("avx2,f16c,fma,bmi,bmi2"), flatten))
+#define JAXHC_AVX512                                                                       \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vbmi2,gfni," \
+                        "avx2,f16c,fma,bmi,bmi2"),                                        \
+                 flatten))
+JAXHC_ZFP_LOOPS(Bmi2, Elem E, JAXHC_BMI2, encode_scalar, decode_scalar, decode_sum_scalar,
+                Bmi2Bits JAXHC_COMMA E)
+// Zen 2 has AVX2 but microcoded pdep/pext: its lanes hand blocks to the portable scalar coder.
+JAXHC_ZFP_LOOPS(Avx2, int W JAXHC_COMMA Elem E, JAXHC_AVX2, encode_lanes, decode_lanes,
+                decode_sum_lanes,
+                lanes::Pair<x86::Avx2> JAXHC_COMMA PortableBits JAXHC_COMMA W JAXHC_COMMA E)
+JAXHC_ZFP_LOOPS(Avx512, int W JAXHC_COMMA Elem E, JAXHC_AVX512, encode_lanes, decode_lanes,
+                decode_sum_lanes,
+                lanes::Pair<x86::Avx512> JAXHC_COMMA Bmi2Bits JAXHC_COMMA W JAXHC_COMMA E)
+#endif
+// clang-format on
+
+template <template <int, Elem> class Lanes, Elem E>
+Loops lane_loops(int maxbits) {  // words per lane: the block's maxbits bits, 32 at a time
+  if (maxbits <= 32) return Lanes<1, E>::loops();
+  if (maxbits <= 64) return Lanes<2, E>::loops();
+  return Lanes<4, E>::loops();
+}
+
+template <Elem E>
+Loops loops_for(Kernel k, int maxbits) {
+#if defined(__x86_64__)
+  if constexpr (E != Elem::kF64) {  // the lane coder codes float32
+    if (k == Kernel::kAvx512) return lane_loops<Avx512, E>(maxbits);
+    if (k == Kernel::kAvx2) return lane_loops<Avx2, E>(maxbits);
+  }
+  if (k != Kernel::kPortable && kernel_supported(Kernel::kBmi2)) return Bmi2<E>::loops();
+#endif
+  (void)maxbits;
+  return Portable<E>::loops();
+}
+
+Loops loops(Kernel k, Elem type, int maxbits) {
+  switch (type) {
+    case Elem::kF32: return loops_for<Elem::kF32>(k, maxbits);
+    case Elem::kF64: return loops_for<Elem::kF64>(k, maxbits);
+    case Elem::kBF16: return loops_for<Elem::kBF16>(k, maxbits);
+    default: return loops_for<Elem::kF16>(k, maxbits);
+  }
+}
+
+size_t elem_bytes(Elem type) { return type == Elem::kF64 ? 8 : type == Elem::kF32 ? 4 : 2; }
+
+// The floating-point mode (MXCSR: flush-to-zero, denormals-are-zero, rounding) of the thread that
+// called, applied in the threads that do the work for it, so decode_sum adds as it would.
+class FpMode {
+ public:
+#if defined(__x86_64__)
+  FpMode() : csr_(_mm_getcsr()) {}
+  template <typename Fn>
+  void run(Fn&& fn) const {
+    unsigned saved = _mm_getcsr();
+    _mm_setcsr(csr_);
+    fn();
+    _mm_setcsr(saved);
+  }
+
+ private:
+  unsigned csr_;
+#else
+  FpMode() { fegetenv(&env_); }
+  template <typename Fn>
+  void run(Fn&& fn) const {
+    fenv_t saved;
+    fegetenv(&saved);
+    fesetenv(&env_);
+    fn();
+    fesetenv(&saved);
+  }
+
+ private:
+  fenv_t env_;
+#endif
+};
+
+constexpr uint64_t kGrainBlocks =
+    16384;  // blocks per thread at least (thread start-up ~ tens of us)
+
+uint64_t group_blocks(int maxbits) {
+  uint64_t g = 64;
+  while (maxbits % 2 == 0 && g > 1) maxbits /= 2, g /= 2;
+  return g;
+}
+
+// Calls fn(row, first_block, end_block) on word-aligned block ranges covering every row's blocks:
+// one thread per core, each taking the next chunk of groups until none is left, so a thread the
+// OS runs less (a busy machine) simply takes fewer chunks.
+template <typename Fn>
+void parallel_blocks(uint64_t rows, uint64_t n, int maxbits, Fn&& fn) {
+  const uint64_t group = group_blocks(maxbits), blocks = (n + 3) / 4;
+  const uint64_t groups = (blocks + group - 1) / group, total = rows * groups;
+  auto run = [&](uint64_t g0, uint64_t g1) {
+    while (g0 < g1) {
+      uint64_t row = g0 / groups, ga = g0 % groups, gb = std::min(groups, ga + (g1 - g0));
+      fn(row, ga * group, std::min(blocks, gb * group));
+      g0 += gb - ga;
+    }
+  };
+  const uint64_t grain = std::max<uint64_t>(1, kGrainBlocks / group);
+  const uint64_t threads = std::min<uint64_t>(host_threads(), total / grain);
+  if (threads <= 1) return run(0, total);
+  const uint64_t chunk = std::max(grain, total / (8 * threads));
+  const FpMode mode;
+  std::atomic<uint64_t> next{0};
+  parallel_for(threads, 1, [&](size_t, size_t) {
+    mode.run([&] {
+      for (uint64_t g0; (g0 = next.fetch_add(chunk)) < total;) run(g0, std::min(total, g0 + chunk));
+    });
+  });
+}
+
+// Whether the CPU has an instruction-set feature (__builtin_cpu_supports takes literals only).
+bool cpu_has(const std::string& f) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (f == "bmi") return __builtin_cpu_supports("bmi");
+  if (f == "bmi2") return __builtin_cpu_supports("bmi2");
+  if (f == "avx2") return __builtin_cpu_supports("avx2");
+  if (f == "f16c") return __builtin_cpu_supports("f16c");
+  if (f == "fma") return __builtin_cpu_supports("fma");
+  if (f == "avx512f") return __builtin_cpu_supports("avx512f");
+  if (f == "avx512bw") return __builtin_cpu_supports("avx512bw");
+  if (f == "avx512dq") return __builtin_cpu_supports("avx512dq");
+  if (f == "avx512vl") return __builtin_cpu_supports("avx512vl");
+  if (f == "avx512vbmi") return __builtin_cpu_supports("avx512vbmi");
+  if (f == "avx512vbmi2") return __builtin_cpu_supports("avx512vbmi2");
+  if (f == "gfni") return __builtin_cpu_supports("gfni");
+#endif
+  (void)f;
+  return false;
+}
+
+bool cpu_has_all(std::initializer_list<const char*> features) {
+  for (const char* f : features)
+    if (!cpu_has(f)) return false;
+  return true;
+}
+
+constexpr Kernel kKernels[] = {Kernel::kAvx512, Kernel::kAvx2, Kernel::kBmi2, Kernel::kPortable};
+
+}  // namespace
+
+const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::kAvx512: return "avx512";
+    case Kernel::kAvx2: return "avx2";
+    case Kernel::kBmi2: return "bmi2";
+    default: return "portable";
+  }
+}
+
+bool kernel_supported(Kernel k) {
+  static const bool avx512 =
+      cpu_has_all({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi", "avx512vbmi2",
+                   "gfni", "avx2", "f16c", "fma", "bmi", "bmi2"});
+  static const bool avx2 = cpu_has_all({"avx2", "f16c", "fma", "bmi", "bmi2"});
+  // pdep/pext are single fast instructions on Intel since Haswell and AMD since Zen 3; Zen 1/2
+  // microcode them (hundreds of cycles), so those take the portable code.
+#if defined(__x86_64__)
+  static const bool bmi2 =
+      cpu_has_all({"bmi", "bmi2"}) && !__builtin_cpu_is("znver1") && !__builtin_cpu_is("znver2");
+#else
+  static const bool bmi2 = false;
+#endif
+  switch (k) {
+    case Kernel::kAvx512: return avx512;
+    case Kernel::kAvx2: return avx2;
+    case Kernel::kBmi2: return bmi2;
+    default: return true;
+  }
+}
+
+Kernel active_kernel() {
+  const char* env = std::getenv("JAXHC_ZFP_KERNEL");
+  std::string name = env ? env : "";
+  std::string here;
+  for (Kernel k : kKernels) {
+    if (!kernel_supported(k)) continue;
+    if (name.empty() || name == "auto" || name == kernel_name(k)) return k;
+    here += std::string(here.empty() ? "" : ", ") + kernel_name(k);
+  }
+  for (Kernel k : kKernels)
+    if (name == kernel_name(k))
+      throw std::invalid_argument("JAXHC_ZFP_KERNEL=" + name +
+                                  ": this CPU cannot run it (it runs " + here + ")");
+  throw std::invalid_argument("JAXHC_ZFP_KERNEL=" + name +
+                              " is not one of auto, avx512, avx2, bmi2, portable");
+}
+
+bool encode_blocks(Kernel k, const void* x, Elem type, uint64_t n, int maxbits, uint64_t b0,
+                   uint64_t b1, uint64_t* payload) {
+  return loops(k, type, maxbits).encode(x, n, b0, b1, maxbits, payload + b0 * maxbits / 64);
+}
+
+void decode_blocks(Kernel k, const uint64_t* payload, Elem type, uint64_t n, int maxbits,
+                   uint64_t b0, uint64_t b1, void* x) {
+  loops(k, type, maxbits).decode(payload, payload_bytes(n, maxbits) / 8, n, b0, b1, maxbits, x);
+}
+
+void decode_sum_blocks(Kernel k, const uint64_t* const* payloads, int parts, Elem type, uint64_t n,
+                       int maxbits, uint64_t b0, uint64_t b1, void* x) {
+  loops(k, type, maxbits)
+      .decode_sum(payloads, parts, payload_bytes(n, maxbits) / 8, n, b0, b1, maxbits, x);
+}
+
+void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, int maxbits,
+                 uint64_t* payload, bool* finite) {
+  const Loops f = loops(k, type, maxbits);
+  const uint64_t words = payload_bytes(n, maxbits) / 8, row_bytes = n * elem_bytes(type);
+  prefer_huge_pages(payload, rows * words * 8);
+  for (uint64_t r = 0; r < rows; r++) finite[r] = true;
+  parallel_blocks(rows, n, maxbits, [&](uint64_t r, uint64_t b0, uint64_t b1) {
+    const void* xr = static_cast<const char*>(x) + r * row_bytes;
+    if (!f.encode(xr, n, b0, b1, maxbits, payload + r * words + b0 * maxbits / 64))
+      __atomic_store_n(&finite[r], false, __ATOMIC_RELAXED);
+  });
+}
+
+void decode_rows(Kernel k, const uint64_t* payload, Elem type, uint64_t rows, uint64_t n,
+                 int maxbits, void* x) {
+  const Loops f = loops(k, type, maxbits);
+  const uint64_t words = payload_bytes(n, maxbits) / 8, row_bytes = n * elem_bytes(type);
+  prefer_huge_pages(x, rows * row_bytes);
+  parallel_blocks(rows, n, maxbits, [&](uint64_t r, uint64_t b0, uint64_t b1) {
+    f.decode(payload + r * words, words, n, b0, b1, maxbits, static_cast<char*>(x) + r * row_bytes);
+  });
+}
+
+namespace {
+// ptrs: parts payload pointers per row.
+void decode_sum_ptrs(Kernel k, const uint64_t* const* ptrs, int parts, Elem type, uint64_t rows,
+                     uint64_t n, int maxbits, void* x) {
+  const Loops f = loops(k, type, maxbits);
+  const uint64_t words = payload_bytes(n, maxbits) / 8, row_bytes = n * elem_bytes(type);
+  prefer_huge_pages(x, rows * row_bytes);
+  parallel_blocks(rows, n, maxbits, [&](uint64_t r, uint64_t b0, uint64_t b1) {
+    f.decode_sum(ptrs + r * parts, parts, words, n, b0, b1, maxbits,
+                 static_cast<char*>(x) + r * row_bytes);
+  });
+}
+}  // namespace
+
+void decode_sum_rows(Kernel k, const uint64_t* payload, int parts, Elem type, uint64_t rows,
+                     uint64_t n, int maxbits, void* x) {
+  const uint64_t words = payload_bytes(n, maxbits) / 8;
+  std::vector<const uint64_t*> ptrs(rows * parts);
+  for (uint64_t i = 0; i < ptrs.size(); i++) ptrs[i] = payload + i * words;
+  decode_sum_ptrs(k, ptrs.data(), parts, type, rows, n, maxbits, x);
+}
+
+bool encode_row(const void* x, Elem type, uint64_t n, int maxbits, uint64_t* payload) {
+  bool finite;
+  encode_rows(active_kernel(), x, type, 1, n, maxbits, payload, &finite);
+  return finite;
+}
+
+void decode_row(const uint64_t* payload, Elem type, uint64_t n, int maxbits, void* x) {
+  decode_rows(active_kernel(), payload, type, 1, n, maxbits, x);
+}
+
+void decode_sum(const uint64_t* const* payloads, int parts, Elem type, uint64_t n, int maxbits,
+                void* x) {
+  decode_sum_ptrs(active_kernel(), payloads, parts, type, 1, n, maxbits, x);
+}
+
+}  // namespace zfp
+}  // namespace jaxhc

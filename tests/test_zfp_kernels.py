@@ -1,0 +1,209 @@
+"""Every CPU ZFP kernel (AVX-512, AVX2, scalar BMI2, portable) against the outside oracles.
+
+JAXHC_ZFP_KERNEL forces a kernel; those this CPU cannot run are skipped. Streams must be
+byte-identical to zfpy's and decoded values bit-identical to zfpy's decompression (rounded to
+bfloat16/float16 by jnp where those are asked for); the fused decode-and-sum must equal decoding
+each payload and adding the rows in rank order (``jaxhc.collectives._common.sum_rows``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxhc import _native
+from jaxhc.codecs import Zfp
+from jaxhc.collectives._common import decode_rows, sum_rows
+from tests._zfp_oracle import (
+    F32_RATES,
+    F64_RATES,
+    assert_matches_zfpy,
+    bits,
+    families,
+    ours_roundtrip,
+    zfpy_roundtrip,
+)
+
+KERNELS = ["avx512", "avx2", "bmi2", "portable"]
+CPU = jax.devices("cpu")[0]
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request, monkeypatch):
+    if request.param not in _native.cpu.zfp_kernels():
+        pytest.skip(f"this CPU cannot run the {request.param} kernel")
+    monkeypatch.setenv("JAXHC_ZFP_KERNEL", request.param)
+    return request.param
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def specials(dtype, n: int, seed: int = 0) -> np.ndarray:
+    """Values a lane coder must code itself or hand to the scalar one: exponents spread over the
+    whole range inside each block, ±0, subnormals, NaN, ±inf and the largest finite values,
+    sprinkled over otherwise ordinary stretches."""
+    rng = np.random.default_rng(seed)
+    fi = np.finfo(dtype)
+    with np.errstate(over="ignore"):
+        x = rng.standard_normal(n) * 2.0 ** rng.integers(fi.minexp - fi.nmant, fi.maxexp, n)
+    pick = rng.integers(0, 64, n)
+    pick[: n // 4] = 63  # a first stretch with nothing special in it
+    cases = [
+        0.0,
+        -0.0,
+        np.nan,
+        np.inf,
+        -np.inf,
+        float(fi.max),
+        -float(fi.max),
+        float(fi.smallest_subnormal) * 3,
+        -float(fi.tiny) / 2,
+    ]
+    for i, v in enumerate(cases):
+        x[pick == i] = v
+    return x.astype(dtype)
+
+
+# --- streams against zfpy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,rates", [(np.float32, F32_RATES), (np.float64, F64_RATES)])
+def test_kernel_matches_zfpy(kernel, dtype, rates, x64):
+    for rate in rates:
+        for x in families(dtype, 1001, seed=4).values():
+            assert_matches_zfpy(x, rate, CPU)
+
+
+@pytest.mark.parametrize("dtype,rates", [(np.float32, F32_RATES), (np.float64, [8, 16, 40, 64])])
+def test_special_values_match_zfpy(kernel, dtype, rates, x64):
+    for seed, n in enumerate([4097, 999, 64 * 16 + 3]):
+        x = specials(dtype, n, seed)
+        for rate in rates:
+            assert_matches_zfpy(x, rate, CPU)
+
+
+@pytest.mark.parametrize(
+    "dtype,rate", [(np.float32, 8), (np.float32, 16), (np.float32, 5.5), (np.float64, 16)]
+)
+def test_all_lengths_match_zfpy_on_the_host(kernel, dtype, rate):
+    """Every length 1..4099 through the host entry point (the handlers' kernels, no jit)."""
+    codec = Zfp(rate)
+    for family in ("magnitudes", "walk"):
+        x = families(dtype, 4099, seed=2)[family]
+        for n in range(1, 4100):
+            stream, finite = codec.encode_numpy(x[:n])
+            ref_stream, ref_y = zfpy_roundtrip(x[:n], rate)
+            assert stream == ref_stream, f"stream differs from zfpy: n={n} rate={rate} {x.dtype}"
+            y = codec.decode_numpy(stream, n, dtype)
+            np.testing.assert_array_equal(bits(y), bits(ref_y), err_msg=f"n={n} rate={rate}")
+            assert finite
+
+
+@pytest.mark.parametrize("n,rate", [(1 << 20, 8), (3_000_001, 16), (1_000_003, 12.25)])
+def test_long_rows_on_threads_match_zfpy(kernel, n, rate):
+    rng = np.random.default_rng(n)
+    x = (np.cumsum(rng.standard_normal(n)) * rng.uniform(0.5, 2, n)).astype(np.float32)
+    assert_matches_zfpy(x, rate, CPU)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("rate", [5.5, 8, 16, 32])
+def test_narrow_types_code_their_float32_widening(kernel, dtype, rate):
+    """bf16/f16 in: the stream of the values widened to float32; out: zfpy's decoded float32
+    values rounded by jnp's astype."""
+    narrow = jax.jit(lambda v: v.astype(dtype))
+    for name, wide in {
+        **families(np.float32, 1001, seed=5),
+        "specials": specials(np.float32, 1001),
+    }.items():
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = wide.astype(dtype)
+        stream, y, ok = ours_roundtrip(x, rate, CPU)
+        ref_stream, ref_y = zfpy_roundtrip(x.astype(np.float32), rate)
+        assert stream == ref_stream, f"{name}: stream differs from zfpy's of the widened values"
+        assert y.dtype == dtype
+        np.testing.assert_array_equal(bits(y), bits(np.asarray(narrow(ref_y))), err_msg=name)
+        assert ok == bool(np.isfinite(x.astype(np.float32)).all())
+
+
+# --- decode and sum in one pass ------------------------------------------------------------------
+
+
+@functools.cache
+def _sum_fns(rate: float, m: int, dtype):
+    codec = Zfp(rate)
+    fused = jax.jit(lambda p: codec.decode_sum(p, m, dtype))
+    unfused = jax.jit(lambda p: sum_rows(decode_rows(codec, p, m, dtype), dtype).astype(dtype))
+    return fused, unfused
+
+
+def payload_sets(codec: Zfp, parts: int, m: int, dtype, seed: int):
+    """Payloads of real rows (the same values at other scales, so sums cancel and round) and of
+    random bytes (every exponent, decoded values overflowing to ±inf that sum to NaN)."""
+    rng = np.random.default_rng(seed)
+    walk = np.cumsum(rng.standard_normal(m))
+    rows = np.stack([walk * rng.uniform(-2, 2) + rng.standard_normal(m) for _ in range(parts)])
+    encoded = jax.vmap(codec.encode)(jnp.asarray(rows, dtype)).payload
+    size = codec.payload_bytes(m, dtype)
+    return {
+        "encoded": encoded,
+        "random": jnp.asarray(rng.integers(0, 256, (parts, size), np.uint8)),
+    }
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, jnp.float16, np.float64])
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+def test_decode_sum_equals_decode_then_sum_in_rank_order(kernel, dtype, parts, x64):
+    for rate, m in [(8, 1), (8, 1001), (16, 4099), (5.5, 70)]:
+        codec = Zfp(rate)
+        fused, unfused = _sum_fns(rate, m, dtype)
+        for name, p in payload_sets(codec, parts, m, dtype, seed=parts).items():
+            got, want = np.asarray(fused(p)), np.asarray(unfused(p))
+            assert got.dtype == want.dtype == dtype and got.shape == (m,)
+            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{name} m={m}")
+
+
+def test_decode_sum_on_threads_and_under_vmap(kernel):
+    """Rows long enough for several threads (whose flush-to-zero mode must be the caller's), and
+    a batch of payload stacks under vmap equal to each stack alone."""
+    codec, m = Zfp(8), 300_001
+    fused, unfused = _sum_fns(8, m, np.float32)
+    for p in payload_sets(codec, 3, m, np.float32, seed=7).values():
+        np.testing.assert_array_equal(bits(np.asarray(fused(p))), bits(np.asarray(unfused(p))))
+    stacks = jnp.stack(
+        [payload_sets(codec, 2, 999, jnp.bfloat16, seed=s)["random"] for s in range(3)]
+    )
+    batched = jax.jit(jax.vmap(lambda p: codec.decode_sum(p, 999, jnp.bfloat16)))(stacks)
+    for s in range(3):
+        one = codec.decode_sum(stacks[s], 999, jnp.bfloat16)
+        np.testing.assert_array_equal(bits(np.asarray(batched[s])), bits(np.asarray(one)))
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def test_decode_sum_rejects_payloads_of_another_shape():
+    codec = Zfp(8)
+    with pytest.raises(ValueError, match=r"payloads must be uint8\[P, 16\] for 10 values"):
+        codec.decode_sum(jnp.zeros((2, 24), jnp.uint8), 10, jnp.float32)
+    with pytest.raises(ValueError, match="at least one payload"):
+        codec.decode_sum(jnp.zeros((0, 16), jnp.uint8), 10, jnp.float32)
+    with pytest.raises(ValueError, match="int32"):
+        codec.decode_sum(jnp.zeros((2, 16), jnp.uint8), 10, jnp.int32)
+
+
+@pytest.mark.parametrize("value,culprit", [("avx9", "not one of"), ("AVX512", "not one of")])
+def test_unknown_kernel_name_is_an_error(monkeypatch, value, culprit):
+    monkeypatch.setenv("JAXHC_ZFP_KERNEL", value)
+    with pytest.raises(Exception, match=f"JAXHC_ZFP_KERNEL={value} .*{culprit}"):
+        jax.block_until_ready(Zfp(8).encode(jnp.ones(8, jnp.float32)))
+    with pytest.raises(ValueError, match=f"JAXHC_ZFP_KERNEL={value}"):
+        Zfp(8).encode_numpy(np.ones(8, np.float32))
