@@ -2,23 +2,27 @@
 
     make bench                           # the full run: bench/results/codecs.json
     .venv/bin/python bench/codecs.py [--n 16777216] [--repeats 7] [--rates 4 8 16 24]
-        [--dtypes float32 bfloat16] [--ratio-n 1048576] [--threads 1 all] [--out PATH]
+        [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
     .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
 Throughput (first two tables). jaxhc's ZFP at each rate and MPC (dim 1, no budget) encode and
 decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
 through the XLA FFI inside `jax.jit`, side by side in one run with zfpy (single-threaded, float32
-only: it has no bfloat16) and a numpy memcpy. GB/s are 1e9 bytes/s of uncompressed input as given
-(a bfloat16 array counts 2 bytes per value), from the best of --repeats runs after one warm-up (the
-JSON keeps the median and the CPU times too). "/zfpy" is our GB/s over zfpy's. "ratio" is raw
-bytes / bytes the payload uses: rate-R ZFP stores R bits per value, so bfloat16 at rate 24 expands
-(ratio < 1); MPC's ratio is what it achieved on this data. The first table is wall-clock time; the
-second divides by the process CPU time instead (all threads), less sensitive to other jobs on the
-machine but blind to parallel speed-up. Both tables come once per codec thread count (--threads:
-1 and "all", the affinity mask's CPUs or JAXHC_THREADS): each count runs in its own process, since
-the count is read once per process.
+only: it has no bfloat16) and a numpy memcpy. "1 thr" columns come from a child process pinned to
+one CPU with JAXHC_THREADS=1 (zfpy is timed there too, so "/zfpy" compares one core with one
+core); "all" columns use every thread this process may run. "all/1" is the threads' speed-up.
+GB/s are 1e9 bytes/s of uncompressed input as given (a bfloat16 array counts 2 bytes per value),
+from the best of --repeats runs after one warm-up (the JSON keeps the median and the CPU times
+too). "ratio" is raw bytes / bytes the payload uses: rate-R ZFP stores R bits per value, so
+bfloat16 at rate 24 expands (ratio < 1); MPC's ratio is what it achieved on this data. The first
+table is wall-clock time; the second divides by the CPU time instead (all threads), less
+sensitive to other jobs on the machine but blind to parallel speed-up.
 
-Compression ratio (third table). Lossless MPC, dims 1, 2 and 4, on float32 and bfloat16 copies of:
+Fused decode-and-sum (third table). What a compressed psum decodes after its reduce-scatter: P
+payloads of n / P values (rate 8, float32) summed in rank order by `Zfp.decode_sum`, against
+decoding the P rows and adding them (`jaxhc.collectives._common.sum_rows`); GB/s of decoded values.
+
+Compression ratio (fourth table). Lossless MPC, dims 1, 2 and 4, on float32 and bfloat16 copies of:
 the weights of jaxhc's GPT (`jaxhc.model.gpt`, byte-level, 4 layers x 256 wide) at its GPT-2
 initialization, their gradients for one batch of the embedded corpus, the residual stream after
 each block (what pipeline stages send), a random walk, a smooth 2-D field, and white noise.
@@ -33,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +45,8 @@ import numpy as np
 import zfpy
 from _common import fmt, gbps, markdown_table, print_table, time_codec, timings, write_json
 
-from jaxhc import _native
 from jaxhc.codecs import Mpc, Zfp
+from jaxhc.collectives._common import decode_rows, sum_rows
 
 ZFP_RATES = (4, 8, 16, 24)
 DTYPES = ("float32", "bfloat16")
@@ -66,18 +71,17 @@ def bench_zfpy(x: np.ndarray, rate: float, repeats: int) -> dict:
     }
 
 
-def throughput(n: int, repeats: int, rates, dtypes) -> list[dict]:
+def throughput(n: int, repeats: int, rates, dtypes, with_zfpy: bool) -> list[dict]:
     """One record per (codec, dtype): jaxhc's timings, zfpy's for ZFP on float32, and memcpy."""
     base = random_walk(n)
-    threads = _native.cpu.threads()
     records = []
     for dtype in dtypes:
         x_np = base.astype(jnp.dtype(dtype))
         x = jax.device_put(x_np)
         for codec in [*(Zfp(rate=r) for r in rates), Mpc()]:
-            rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes, "threads": threads}
+            rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes}
             rec["jaxhc"] = time_codec(codec, x, repeats)
-            if isinstance(codec, Zfp) and dtype == "float32":
+            if with_zfpy and isinstance(codec, Zfp) and dtype == "float32":
                 rec["zfpy"] = bench_zfpy(x_np, codec.rate, repeats)
             records.append(rec)
         dst = np.empty_like(x_np)
@@ -87,42 +91,129 @@ def throughput(n: int, repeats: int, rates, dtypes) -> list[dict]:
                 "codec": "memcpy",
                 "dtype": dtype,
                 "bytes": x_np.nbytes,
-                "threads": 1,
                 "numpy": {"encode": copy, "decode": copy},
             }
         )
     return records
 
 
+def one_thread(args) -> list[dict]:
+    """`throughput` (zfpy included) in a child process pinned to one CPU (taskset), with
+    JAXHC_THREADS=1."""
+    cpu = min(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "one_thread.json")
+        cmd = ["taskset", "-c", str(cpu), sys.executable, os.path.abspath(__file__)]
+        cmd += ["--one-thread-child", out]
+        cmd += ["--n", str(args.n), "--repeats", str(args.repeats), "--dtypes", *args.dtypes]
+        cmd += ["--rates", *map(str, args.rates)]
+        subprocess.run(
+            cmd,
+            env={**os.environ, "JAXHC_THREADS": "1"},
+            check=True,
+        )
+        with open(out) as f:
+            return json.load(f)
+
+
+def merge_one_thread(records: list[dict], child: list[dict]) -> None:
+    """Give each record the child's timings ("one_thread") and its zfpy timings."""
+    by_key = {(r["codec"], r["dtype"]): r for r in child}
+    for r in records:
+        c = by_key[(r["codec"], r["dtype"])]
+        r["one_thread"] = c.get("jaxhc") or c["numpy"]
+        if "zfpy" in c:
+            r["zfpy"] = c["zfpy"]
+
+
 THROUGHPUT_COLUMNS = [
     "codec",
     "dtype",
     "ratio",
-    "enc GB/s",
-    "dec GB/s",
+    "enc 1 thr",
+    "dec 1 thr",
+    "enc all",
+    "dec all",
     "zfpy enc",
     "zfpy dec",
     "enc/zfpy",
     "dec/zfpy",
+    "enc all/1",
+    "dec all/1",
 ]
 
 
 def throughput_rows(records: list[dict], key: str) -> list[list[str]]:
-    """GB/s from the `key` seconds ("s": best wall time, "cpu_s": CPU time) and ours / zfpy's."""
+    """GB/s from the `key` seconds ("s": best wall time, "cpu_s": CPU time), one thread and all,
+    ours over zfpy's (one thread each) and all threads over one."""
     rows = []
     for r in records:
-        ours, z = r.get("jaxhc") or r["numpy"], r.get("zfpy")
-        enc, dec = (gbps(r["bytes"], ours[op] and ours[op][key]) for op in ("encode", "decode"))
-        zenc, zdec = (gbps(r["bytes"], z[op][key]) if z else None for op in ("encode", "decode"))
-        vs = [a / b if a and b else None for a, b in ((enc, zenc), (dec, zdec))]
+        ours, one, z = r.get("jaxhc") or r["numpy"], r["one_thread"], r.get("zfpy")
+        gb = {
+            (who, op): gbps(r["bytes"], t[op] and t[op][key]) if t else None
+            for who, t in (("all", ours), ("one", one), ("zfpy", z))
+            for op in ("encode", "decode")
+        }
+        ratio = lambda a, b: a / b if a and b else None  # noqa: E731
         rows.append(
             [
                 r["codec"],
                 r["dtype"],
                 fmt(ours["ratio"], "{:.3f}") if "ratio" in ours else "",
-                *(fmt(v, "{:.3f}") for v in (enc, dec, zenc, zdec)),
-                *(fmt(v, "{:.2f}x") for v in vs),
+                *(
+                    fmt(gb[w, op], "{:.3f}")
+                    for w in ("one", "all", "zfpy")
+                    for op in ("encode", "decode")
+                ),
+                *(
+                    fmt(ratio(gb["one", op], gb["zfpy", op]), "{:.2f}x")
+                    for op in ("encode", "decode")
+                ),
+                *(
+                    fmt(ratio(gb["all", op], gb["one", op]), "{:.2f}x")
+                    for op in ("encode", "decode")
+                ),
             ]
+        )
+    return rows
+
+
+# --- fused decode-and-sum ----------------------------------------------------------------------
+
+
+def decode_sum_records(n: int, repeats: int, parts_list=(2, 4, 8)) -> list[dict]:
+    codec = Zfp(rate=8)
+    records = []
+    for parts in parts_list:
+        m = n // parts
+        rows = jnp.asarray(random_walk(parts * m).reshape(parts, m))
+        payloads = jax.block_until_ready(jax.jit(jax.vmap(codec.encode))(rows).payload)
+        fused = jax.jit(lambda p, m=m: codec.decode_sum(p, m, jnp.float32))
+        unfused = jax.jit(
+            lambda p, m=m: sum_rows(decode_rows(codec, p, m, jnp.float32), jnp.float32)
+        )
+        if np.asarray(fused(payloads)).tobytes() != np.asarray(unfused(payloads)).tobytes():
+            raise AssertionError(f"decode_sum differs from decode then sum for P={parts}")
+        records.append(
+            {
+                "parts": parts,
+                "values": parts * m,
+                "fused": timings(lambda f=fused: f(payloads), repeats),  # noqa: B023
+                "unfused": timings(lambda f=unfused: f(payloads), repeats),  # noqa: B023
+            }
+        )
+    return records
+
+
+DECODE_SUM_COLUMNS = ["P", "values", "fused GB/s", "decode+sum GB/s", "fused/unfused"]
+
+
+def decode_sum_rows(records: list[dict]) -> list[list[str]]:
+    rows = []
+    for r in records:
+        fused, unfused = (gbps(4 * r["values"], r[k]["s"]) for k in ("fused", "unfused"))
+        rows.append(
+            [r["parts"], r["values"], f"{fused:.3f}", f"{unfused:.3f}", f"{fused / unfused:.2f}x"]
         )
     return rows
 
@@ -213,21 +304,6 @@ def ratio_table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
     return columns, rows
 
 
-def throughput_with_threads(setting: str, args) -> list[dict]:
-    """`throughput` in a child process whose codecs use `setting` threads ("all": the default)."""
-    env = dict(os.environ)
-    env.pop("JAXHC_THREADS", None)
-    if setting != "all":
-        env["JAXHC_THREADS"] = setting
-    cmd = [sys.executable, os.path.abspath(__file__), "--throughput-json", "--n", str(args.n)]
-    cmd += ["--repeats", str(args.repeats), "--rates", *map(str, args.rates)]
-    cmd += ["--dtypes", *args.dtypes]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"throughput with threads={setting} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,38 +313,37 @@ def main(argv=None) -> None:
     ap.add_argument("--rates", type=float, nargs="+", default=ZFP_RATES, help="ZFP rates")
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
     ap.add_argument("--ratio-n", type=int, default=1 << 20, help="values per synthetic ratio set")
-    ap.add_argument(
-        "--threads",
-        nargs="+",
-        default=["1", "all"],
-        help='codec thread counts to time, each in its own process ("all": the default count)',
-    )
-    ap.add_argument("--throughput-json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1M values, 2 repeats, a smaller GPT")
     ap.add_argument("--out", help="JSON path (default bench/results/codecs[_quick].json)")
+    ap.add_argument("--one-thread-child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.repeats, args.ratio_n = 1 << 20, 2, 1 << 16
-
-    if args.throughput_json:  # the child process of throughput_with_threads
-        print(json.dumps(throughput(args.n, args.repeats, args.rates, args.dtypes)))
+    if args.one_thread_child:
+        records = throughput(args.n, args.repeats, args.rates, args.dtypes, with_zfpy=True)
+        with open(args.one_thread_child, "w") as f:
+            json.dump(records, f)
         return
 
+    records = throughput(args.n, args.repeats, args.rates, args.dtypes, with_zfpy=False)
+    merge_one_thread(records, one_thread(args))
     what = f"{args.n} values, best of {args.repeats}, GB/s of input, {jax.devices()[0]}"
     notes = [
-        "zfpy has no bfloat16: its columns are n/a there.",
+        "1 thr: one CPU, JAXHC_THREADS=1 (zfpy too); all: every thread. zfpy has no bfloat16.",
         "ratio: raw / used bytes (MPC: achieved on this random walk).",
     ]
-    records, tables = [], {}
-    for setting in args.threads:
-        recs = throughput_with_threads(setting, args)
-        records += recs
-        threads = recs[0]["threads"]
-        for key, title in (("s", "wall clock"), ("cpu_s", "per CPU-second")):
-            rows = throughput_rows(recs, key)
-            name = f"codec throughput, {threads} thread{'s' if threads > 1 else ''}, {title}"
-            print_table(f"{name}: {what}", THROUGHPUT_COLUMNS, rows, notes)
-            tables[f"{key}_threads{setting}"] = markdown_table(THROUGHPUT_COLUMNS, rows, notes)
+    tables = {}
+    for key, title in (("s", "codec throughput, wall clock"), ("cpu_s", "per CPU-second")):
+        rows = throughput_rows(records, key)
+        print_table(f"{title}: {what}", THROUGHPUT_COLUMNS, rows, notes)
+        tables[key] = markdown_table(THROUGHPUT_COLUMNS, rows, notes)
+
+    sums = decode_sum_records(args.n, args.repeats)
+    title = (
+        f"ZFP rate 8 decode-and-sum of P payloads, {args.n} values in all, best of {args.repeats}"
+    )
+    print_table(title, DECODE_SUM_COLUMNS, decode_sum_rows(sums))
+    tables["decode_sum"] = markdown_table(DECODE_SUM_COLUMNS, decode_sum_rows(sums))
 
     ratios = mpc_ratios(ratio_sets(args.ratio_n, args.quick), args.dtypes)
     columns, rows = ratio_table(ratios)
@@ -285,10 +360,10 @@ def main(argv=None) -> None:
         {
             "n": args.n,
             "repeats": args.repeats,
-            "threads": args.threads,
             "ratio_n": args.ratio_n,
             "throughput_data": "random walk (cumsum of N(0,1)) in float32, then cast",
             "throughput": records,
+            "decode_sum": sums,
             "mpc_ratio": ratios,
             "markdown": tables,
         },

@@ -30,7 +30,7 @@ JAXHC_HD uint16_t f32_to_f16(uint32_t u) {
   uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7fffffff;
   if (a > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00 | ((a & 0x7fffff) >> 13));
   if (a >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // 65520 and up round to inf
-  if (a >= 0x38800000) {  // normal float16
+  if (a >= 0x38800000) {                                             // normal float16
     uint32_t r = a + 0xfff + ((a >> 13) & 1);
     return static_cast<uint16_t>(sign | ((r >> 13) - (112u << 10)));
   }

@@ -1,37 +1,65 @@
 // ZFP's fixed-rate float32 coder over a group of blocks at once, lane j of every vector holding
 // block j: the stream of core/zfp.h, which stays the reference and codes the groups this one
-// declines. Generic over a lane type L (cpu/zfp_x86.h has AVX2 and AVX-512 ones).
+// declines. Generic over a lane type L (cpu/zfp_avx2.h and cpu/zfp_avx512.h have x86 ones).
 //
 // At a fixed rate every block owns maxbits bits, and for float32 zfp codes all 32 bit planes
 // (kmin = 0), so the planes k = 31..0 run in lockstep over the lanes, each lane with its own coder
 // state. A coder with 3 significant coefficients codes every plane as its 4 bits, as one with 4
 // does, so a plane is one lookup in a table keyed by (min(n, 3), plane nibble) when encoding, by
-// (min(n, 3), next stream bits) when decoding. A decoded code that the budget cuts short is
-// corrected once per group, at the end. Every plane costs a lane at least one bit, so the loop ends
-// after at most maxbits - 9 planes (it stops when every lane has its maxbits bits).
+// (min(n, 3), next stream bits) when decoding. Every plane costs a lane at least one bit, so the
+// loop ends after at most maxbits - 9 planes (it stops when every lane has its maxbits bits).
 //
-// What the lane type provides (V: kLanes uint32 lanes, M: a lane mask):
-//   set1, add, sub, and_, or_, xor_; or_and(a, b, c) = a | (b & c); or_andn(a, b, c) = a | (b & ~c)
+// What a lane type provides (V: kLanes uint32 lanes, M: a lane mask):
+//   set1, add, sub, and_, or_, xor_; or_and(a, b, c) = a | (b & c)
 //   sll<s>, srl<s>, sra<s>; sllv, srlv: per-lane counts, 0 where a count is 32 or more (unsigned)
-//   shrdv(lo, hi, c): the low word of (hi:lo) >> c, 0 <= c < 32; max_u
-//   lt_s, gt_s, eq -> M; mand; any(M); select(m, a, b) = m ? a : b; zero_where(m, a)
-//   scale_trunc(f, s): int32(float(f) * float(s)) truncated; int_scale(i, s): float(int32(i)) * float(s)
-//   enc_lookup(idx, bits, len, next); dec_lookup(idx, st, e, len) -> next st, with x in e's low
-//   4 bits: the tables of kLuts below
-//   planes(u, p), unplanes(p, u): the bit planes of 4 coefficients, plane k in bits
-//     plane_shift(k)..+3 of p[plane_word(k)], coefficient i in bit i of that nibble
+//   max_u; lt_s, gt_s, eq -> M; mand; any(M); select(m, a, b) = m ? a : b; zero_where(m, a)
+//   scale_trunc(f, s): int32(float(f) * float(s)) truncated
+//   int_scale(i, s): float(int32(i)) * float(s)
+//   enc_lookup(idx, bits, len, next): kLuts below
+//   planes(u, p), unplanes(p, u): the bit planes of 4 coefficients in the layout of Planes32
+//     below (which the type derives from), coefficient i in bit i of a plane's nibble
+// The planes are decoded in the lanes of PlaneLanes<L>::type (D; L itself unless a lane type says
+// otherwise), which provides, besides the operations above on its own lanes (kBits wide, a
+// plane layout Planes32 or Planes16):
+//   or_andn(a, b, c) = a | (b & ~c); add_where(m, a, b) = m ? a + b : a
+//   shrdv(lo, hi, c): the low word of (hi:lo) >> c, 0 <= c < kBits
+//   dec_lookup(idx, st, e, len) -> next st, with e = len | x << 4 (kLuts below)
+//   funnel_count(e, len): e or len, whichever shrdv takes as len
+//   unless D is L: from_words<W>(in, a) (a block's W 32-bit words to its kBits words) and
+//   unplanes(p, u) (planes in D's layout to L's coefficients)
 #pragma once
+#include <type_traits>
+
 #include "core/zfp.h"
 
 namespace jaxhc {
 namespace zfp {
 namespace lanes {
 
-// Plane k of the 32 sits in byte k & 3 of word plane_word(k), in the nibble (k >> 3) & 1: the
-// layout an 8x8 bit transpose of 8 coefficient bytes (4 of byte column j, 4 of column j + 1)
-// gives, split into two words.
-JAXHC_HD constexpr int plane_word(int k) { return 2 * (k >> 4) + ((k >> 2) & 1); }
-JAXHC_HD constexpr int plane_shift(int k) { return 8 * (k & 3) + 4 * ((k >> 3) & 1); }
+// How a lane type holds the 32 bit planes of a lane's block: plane k in bits plane_shift(k)..+3
+// of word plane_word(k) of kPlaneWords words of kBits bits. With 32-bit words, plane k sits in
+// byte k & 3 of word plane_word(k), in the nibble (k >> 3) & 1: the layout an 8x8 bit transpose
+// of 8 coefficient bytes (4 of byte column j, 4 of column j + 1) gives, split into two words.
+struct Planes32 {
+  static constexpr int kBits = 32, kPlaneWords = 4;
+  static JAXHC_HD constexpr int plane_word(int k) { return 2 * (k >> 4) + ((k >> 2) & 1); }
+  static JAXHC_HD constexpr int plane_shift(int k) { return 8 * (k & 3) + 4 * ((k >> 3) & 1); }
+};
+
+// The same bytes in 16-bit words: word m of the 8 bytes of byte columns 2jp, 2jp + 1 is word
+// 4 jp + m.
+struct Planes16 {
+  static constexpr int kBits = 16, kPlaneWords = 8;
+  static JAXHC_HD constexpr int plane_word(int k) { return 4 * (k >> 4) + ((k & 7) >> 1); }
+  static JAXHC_HD constexpr int plane_shift(int k) { return 8 * (k & 1) + 4 * ((k >> 3) & 1); }
+};
+
+// The lanes a group's planes are decoded in: the coder's own unless a lane type says otherwise
+// (narrower lanes doing the same work in fewer instructions).
+template <class L>
+struct PlaneLanes {
+  using type = L;
+};
 
 // Coder states. Encoding: n16 = 16 * min(n, 3), and a plane's index is n16 | nibble. Decoding:
 // st = 255 - (127 >> min(n, 3)); the index of a plane whose stream bits start with s is
@@ -41,9 +69,8 @@ JAXHC_HD constexpr uint32_t dec_state(int n) { return 255u - (127u >> (n < 3 ? n
 struct Luts {
   uint8_t enc_bits[64], enc_len[64], enc_next[64];  // code, its length, next n16
   uint32_t enc[64];                                 // bits | len << 8 | next << 16
-  uint8_t dec_xlen[256];                            // x | len << 4
-  uint32_t dec[256];                                // x | len << 4 | next st << 8
-  uint32_t dec_raise[16];                           // [x] the least next st after x
+  uint8_t dec_lenx[256], dec_next[256];             // len | x << 4, and the next st
+  uint32_t dec[256];                                // len | x << 4 | next st << 8
 };
 
 constexpr Luts make_luts() {
@@ -60,12 +87,11 @@ constexpr Luts make_luts() {
     uint32_t st = dec_state(n), lim = ~st & 255, base = (st << 1) & 255;
     for (uint32_t s = 0; s <= lim; s++) {
       detail::Plane p = detail::decode_plane(n, s, detail::kMaxPlaneCode);
-      uint32_t xlen = p.bits | static_cast<uint32_t>(p.len) << 4, next = dec_state(p.n);
-      t.dec_xlen[base | s] = static_cast<uint8_t>(xlen);
-      t.dec[base | s] = xlen | next << 8;
+      uint32_t lenx = static_cast<uint32_t>(p.len) | p.bits << 4, next = dec_state(p.n);
+      t.dec_lenx[base | s] = static_cast<uint8_t>(lenx);
+      t.dec_next[base | s] = static_cast<uint8_t>(next);
+      t.dec[base | s] = lenx | next << 8;
     }
-    for (uint32_t x = 0; x < 16; x++)  // a plane with its top one-bit at n makes n + 1 significant
-      if (x >> n == 1) t.dec_raise[x] = dec_state(n + 1);
   }
   return t;
 }
@@ -89,7 +115,7 @@ struct Coder {
 
     template <int k>
     JAXHC_HD bool plane() {
-      V idx = L::or_and(n16, L::template srl<plane_shift(k)>(p[plane_word(k)]), c(15));
+      V idx = L::or_and(n16, L::template srl<L::plane_shift(k)>(p[L::plane_word(k)]), c(15));
       V bits, len;
       L::enc_lookup(idx, bits, len, n16);
       a[0] = L::or_(a[0], L::sllv(bits, pos));
@@ -107,58 +133,48 @@ struct Coder {
     }
   };
 
-  // The stream bits still to decode in W words (next bit at bit 0 of a[0], zeros past maxbits).
-  // Planes decode as if each lane's stream went on with zeros; a lane's last plane before its
-  // budget ran out (its plane, state and position, recorded as the lanes go) is redone at the
-  // end in case the budget cut its code short.
-  template <int W>
+  // Decodes the planes of a group in the lanes of D. The stream bits still to decode sit in kA
+  // words (next bit at bit 0 of a[0], zeros past maxbits). Planes decode as if each lane's stream
+  // went on with zeros, which gives zfp's plane wherever its code fits in the budget, and, where
+  // the budget cuts it short, everywhere but in a scan for the next one-bit (or right after the
+  // group test that starts one): there zfp takes the scan's position q as that one-bit, while
+  // the zeros run on to the implied one-bit 3 (bit 3 of a plane is set no other way in a cut
+  // code) and read the 3 - q bits past the budget by which the lane overshoots it. Each lane's
+  // last plane is corrected so as it is decoded; its position stops there.
+  template <class D, int W>
   struct Decoder {
-    V p[4], a[W], st, pos, end, last_k, last_st, last_pos;
-    M active;
+    using DV = typename D::V;
+    using DM = typename D::M;
+    static constexpr int kA = W * 32 / D::kBits;
+    DV p[D::kPlaneWords], a[kA], st, pos, end;
+    DM active;
+
+    static JAXHC_HD DV d(uint32_t v) { return D::set1(v); }
 
     template <int k>
     JAXHC_HD bool plane() {
-      V e, len;
-      V next = L::dec_lookup(L::or_andn(L::template sll<1>(st), a[0], st), st, e, len);
-      last_k = L::select(active, c(k), last_k);
-      last_st = L::select(active, st, last_st);
-      last_pos = L::select(active, pos, last_pos);
-      p[plane_word(k)] = L::or_and(p[plane_word(k)], L::template sll<plane_shift(k)>(e),
-                                   c(15u << plane_shift(k)));
-      for (int j = 0; j + 1 < W; j++) a[j] = L::shrdv(a[j], a[j + 1], len);
-      a[W - 1] = L::srlv(a[W - 1], len);
-      pos = L::add(pos, len);
+      constexpr int w = D::plane_word(k), sh = D::plane_shift(k);
+      DV e, len;  // e: len | x << 4
+      DV next = D::dec_lookup(D::or_andn(D::template sll<1>(st), a[0], st), st, e, len);
+      DM was = active;
+      DV count = D::funnel_count(e, len);
+      for (int j = 0; j + 1 < kA; j++) a[j] = D::shrdv(a[j], a[j + 1], count);
+      a[kA - 1] = D::srlv(a[kA - 1], len);
+      pos = D::add_where(was, pos, len);
       st = next;
-      active = L::lt_s(pos, end);
-      return L::any(active);
+      active = D::lt_s(pos, end);
+      DV x = D::template srl<4>(e);
+      DM scan = D::mand(D::mand(was, D::gt_s(pos, end)), D::eq(D::and_(x, d(8)), d(8)));
+      DV fix = D::xor_(D::sllv(d(1), D::sub(d(3), D::sub(pos, end))), d(8));
+      x = D::xor_(x, D::select(scan, fix, d(0)));
+      p[w] = D::or_(p[w], D::template sll<sh>(x));
+      return D::any(active);
     }
 
     template <int k>
     JAXHC_HD void run() {
       if constexpr (k >= 0)
         if (plane<k>()) run<k - 1>();
-    }
-
-    // Corrects each lane's last plane where the budget cut its code short. Read on with zeros,
-    // such a code differs from zfp's only when the cut falls in a scan for the next one-bit (or
-    // right after the group test that starts one): zfp takes the scan's position q as that
-    // one-bit, the zeros run on to the implied one-bit 3. The zeros then read are the 3 - q bits
-    // past the budget. in: the block.
-    JAXHC_HD void finish(const V* in) {
-      V q = L::template srl<5>(last_pos), r = L::and_(last_pos, c(31)), s = c(0);
-      for (int j = 0; j < W; j++)
-        s = L::select(L::eq(q, c(j)), L::shrdv(in[j], j + 1 < W ? in[j + 1] : c(0), r), s);
-      V e, len;
-      L::dec_lookup(L::or_andn(L::template sll<1>(last_st), s, last_st), last_st, e, len);
-      V room = L::sub(end, last_pos);
-      M scan = L::mand(L::mand(L::gt_s(len, room), L::gt_s(room, c(0))),
-                       L::eq(L::and_(e, c(8)), c(8)));
-      if (!L::any(scan)) return;
-      V fix = L::xor_(L::sllv(c(1), L::sub(L::add(room, c(3)), len)), c(8));
-      V word = L::add(L::and_(L::template srl<3>(last_k), c(2)), L::and_(L::template srl<2>(last_k), c(1)));
-      V shift = L::add(L::template sll<3>(L::and_(last_k, c(3))), L::and_(L::template srl<1>(last_k), c(4)));
-      fix = L::select(scan, L::sllv(fix, shift), c(0));
-      for (int w = 0; w < 4; w++) p[w] = L::xor_(p[w], L::select(L::eq(word, c(w)), fix, c(0)));
     }
   };
 
@@ -187,8 +203,10 @@ struct Coder {
   static JAXHC_HD void clip(V* a, int maxbits) {
     for (int j = 0; j < W; j++) {
       int left = maxbits - 32 * j;
-      if (left <= 0) a[j] = c(0);
-      else if (left < 32) a[j] = L::and_(a[j], c((1u << left) - 1));
+      if (left <= 0)
+        a[j] = c(0);
+      else if (left < 32)
+        a[j] = L::and_(a[j], c((1u << left) - 1));
     }
   }
 
@@ -227,17 +245,26 @@ struct Coder {
     M nonzero = L::eq(L::and_(in[0], c(1)), c(1));
     V ebits = L::and_(L::template srl<1>(in[0]), c(255));  // emax + 127
     if (L::any(L::mand(nonzero, L::lt_s(ebits, c(31))))) return false;
-    Decoder<W> dec;
-    for (int j = 0; j + 1 < W; j++) dec.a[j] = L::shrdv(in[j], in[j + 1], c(9));
-    dec.a[W - 1] = L::template srl<9>(in[W - 1]);
-    for (int i = 0; i < 4; i++) dec.p[i] = c(0);
-    dec.st = dec.last_st = c(dec_state(0)), dec.pos = dec.last_pos = c(9), dec.last_k = c(0);
-    dec.end = c(static_cast<uint32_t>(maxbits));
-    dec.active = L::lt_s(dec.pos, dec.end);
+    using D = typename PlaneLanes<L>::type;
+    using Dec = Decoder<D, W>;
+    Dec dec;
+    typename D::V words[Dec::kA];
+    if constexpr (std::is_same_v<D, L>)
+      for (int j = 0; j < W; j++) words[j] = in[j];
+    else
+      D::template from_words<W>(in, words);
+    for (int j = 0; j + 1 < Dec::kA; j++) dec.a[j] = D::shrdv(words[j], words[j + 1], D::set1(9));
+    dec.a[Dec::kA - 1] = D::template srl<9>(words[Dec::kA - 1]);
+    for (int i = 0; i < D::kPlaneWords; i++) dec.p[i] = D::set1(0);
+    dec.st = D::set1(dec_state(0)), dec.pos = D::set1(9);
+    dec.end = D::set1(static_cast<uint32_t>(maxbits));
+    dec.active = D::lt_s(dec.pos, dec.end);
     dec.template run<31>();
-    dec.finish(in);
     V u[4];
-    L::unplanes(dec.p, u);
+    if constexpr (std::is_same_v<D, L>)
+      L::unplanes(dec.p, u);
+    else
+      D::unplanes(dec.p, u);
     for (int i = 0; i < 4; i++) u[i] = L::sub(L::xor_(u[i], c(0xaaaaaaaa)), c(0xaaaaaaaa));
     inv_lift(u);
     V scale = L::template sll<23>(L::sub(ebits, c(30)));  // 2^(emax - 30)
@@ -246,11 +273,10 @@ struct Coder {
   }
 };
 
-
 // Two lane vectors as one: groups of twice the blocks, in two independent halves. A plane is a
 // chain of dependent lookups; the out-of-order core overlaps the two halves' chains.
 template <class L>
-struct Pair {
+struct Pair : Planes32 {
   using H = typename L::V;
   using HM = typename L::M;
   static constexpr int kLanes = 2 * L::kLanes;
@@ -265,34 +291,60 @@ struct Pair {
   static JAXHC_HD V name(V a) { return {L::name(a.lo), L::name(a.hi)}; }
 #define JAXHC_PAIR2(name) \
   static JAXHC_HD V name(V a, V b) { return {L::name(a.lo, b.lo), L::name(a.hi, b.hi)}; }
-#define JAXHC_PAIR3(name) \
-  static JAXHC_HD V name(V a, V b, V c) { return {L::name(a.lo, b.lo, c.lo), L::name(a.hi, b.hi, c.hi)}; }
+#define JAXHC_PAIR3(name)                                          \
+  static JAXHC_HD V name(V a, V b, V c) {                          \
+    return {L::name(a.lo, b.lo, c.lo), L::name(a.hi, b.hi, c.hi)}; \
+  }
 #define JAXHC_PAIR_CMP(name) \
   static JAXHC_HD M name(V a, V b) { return {L::name(a.lo, b.lo), L::name(a.hi, b.hi)}; }
+  // clang-format off
   JAXHC_PAIR2(add) JAXHC_PAIR2(sub) JAXHC_PAIR2(and_) JAXHC_PAIR2(or_) JAXHC_PAIR2(xor_)
   JAXHC_PAIR3(or_and) JAXHC_PAIR3(or_andn) JAXHC_PAIR2(sllv) JAXHC_PAIR2(srlv) JAXHC_PAIR3(shrdv)
+  JAXHC_PAIR2(funnel_count)
   JAXHC_PAIR2(max_u) JAXHC_PAIR2(fadd) JAXHC_PAIR2(scale_trunc) JAXHC_PAIR2(int_scale)
   JAXHC_PAIR1(round_bf16) JAXHC_PAIR1(round_f16)
   JAXHC_PAIR_CMP(lt_s) JAXHC_PAIR_CMP(gt_s) JAXHC_PAIR_CMP(eq)
+  // clang-format on
 #undef JAXHC_PAIR1
 #undef JAXHC_PAIR2
 #undef JAXHC_PAIR3
 #undef JAXHC_PAIR_CMP
 
-  static JAXHC_HD V set1(uint32_t v) { return {L::set1(v), L::set1(v)}; }
-  template <int s> static JAXHC_HD V sll(V a) { return {L::template sll<s>(a.lo), L::template sll<s>(a.hi)}; }
-  template <int s> static JAXHC_HD V srl(V a) { return {L::template srl<s>(a.lo), L::template srl<s>(a.hi)}; }
-  template <int s> static JAXHC_HD V sra(V a) { return {L::template sra<s>(a.lo), L::template sra<s>(a.hi)}; }
+                      static JAXHC_HD V set1(uint32_t v) {
+    return {L::set1(v), L::set1(v)};
+  }
+  template <int s>
+  static JAXHC_HD V sll(V a) {
+    return {L::template sll<s>(a.lo), L::template sll<s>(a.hi)};
+  }
+  template <int s>
+  static JAXHC_HD V srl(V a) {
+    return {L::template srl<s>(a.lo), L::template srl<s>(a.hi)};
+  }
+  template <int s>
+  static JAXHC_HD V sra(V a) {
+    return {L::template sra<s>(a.lo), L::template sra<s>(a.hi)};
+  }
   static JAXHC_HD M mand(M a, M b) { return {L::mand(a.lo, b.lo), L::mand(a.hi, b.hi)}; }
-  static JAXHC_HD bool any(M m) { return L::any(m.lo) || L::any(m.hi); }
-  static JAXHC_HD V select(M m, V a, V b) { return {L::select(m.lo, a.lo, b.lo), L::select(m.hi, a.hi, b.hi)}; }
-  static JAXHC_HD V zero_where(M m, V a) { return {L::zero_where(m.lo, a.lo), L::zero_where(m.hi, a.hi)}; }
-  static JAXHC_HD void enc_lookup(V idx, V& bits, V& len, V& next) {
-    L::enc_lookup(idx.lo, bits.lo, len.lo, next.lo);
-    L::enc_lookup(idx.hi, bits.hi, len.hi, next.hi);
+  static JAXHC_HD V add_where(M m, V a, V b) {
+    return {L::add_where(m.lo, a.lo, b.lo), L::add_where(m.hi, a.hi, b.hi)};
   }
   static JAXHC_HD V dec_lookup(V idx, V st, V& e, V& len) {
     return {L::dec_lookup(idx.lo, st.lo, e.lo, len.lo), L::dec_lookup(idx.hi, st.hi, e.hi, len.hi)};
+  }
+  static JAXHC_HD void unplanes(const V* p, V* u) {
+    halves<4>(p, u, [](const H* a, H* b, int) { L::unplanes(a, b); });
+  }
+  static JAXHC_HD bool any(M m) { return L::any(m.lo) || L::any(m.hi); }
+  static JAXHC_HD V select(M m, V a, V b) {
+    return {L::select(m.lo, a.lo, b.lo), L::select(m.hi, a.hi, b.hi)};
+  }
+  static JAXHC_HD V zero_where(M m, V a) {
+    return {L::zero_where(m.lo, a.lo), L::zero_where(m.hi, a.hi)};
+  }
+  static JAXHC_HD void enc_lookup(V idx, V& bits, V& len, V& next) {
+    L::enc_lookup(idx.lo, bits.lo, len.lo, next.lo);
+    L::enc_lookup(idx.hi, bits.hi, len.hi, next.hi);
   }
 
   // Functions of N vectors at once, on the N low and then the N high halves.
@@ -303,8 +355,9 @@ struct Pair {
     f(lo, olo, 0), f(hi, ohi, 1);
     for (int i = 0; i < N; i++) out[i] = {olo[i], ohi[i]};
   }
-  static JAXHC_HD void planes(const V* u, V* p) { halves<4>(u, p, [](const H* a, H* b, int) { L::planes(a, b); }); }
-  static JAXHC_HD void unplanes(const V* p, V* u) { halves<4>(p, u, [](const H* a, H* b, int) { L::unplanes(a, b); }); }
+  static JAXHC_HD void planes(const V* u, V* p) {
+    halves<4>(u, p, [](const H* a, H* b, int) { L::planes(a, b); });
+  }
 
   template <class T, class F>
   static JAXHC_HD void load_with(const T* x, V* f, F&& load) {  // x: 4 kLanes values
@@ -316,15 +369,31 @@ struct Pair {
     for (int i = 0; i < 4; i++) lo[i] = f[i].lo, hi[i] = f[i].hi;
     store(lo, x), store(hi, x + 4 * L::kLanes);
   }
-  static JAXHC_HD void load(const float* x, V* f) { load_with(x, f, [](const float* p, H* o) { L::load(p, o); }); }
-  static JAXHC_HD void load_bf16(const uint16_t* x, V* f) { load_with(x, f, [](const uint16_t* p, H* o) { L::load_bf16(p, o); }); }
-  static JAXHC_HD void load_f16(const uint16_t* x, V* f) { load_with(x, f, [](const uint16_t* p, H* o) { L::load_f16(p, o); }); }
-  static JAXHC_HD void store(const V* f, float* x) { store_with(f, x, [](const H* v, float* p) { L::store(v, p); }); }
-  static JAXHC_HD void store_bf16(const V* f, uint16_t* x) { store_with(f, x, [](const H* v, uint16_t* p) { L::store_bf16(v, p); }); }
-  static JAXHC_HD void store_f16(const V* f, uint16_t* x) { store_with(f, x, [](const H* v, uint16_t* p) { L::store_f16(v, p); }); }
+  static JAXHC_HD void load(const float* x, V* f) {
+    load_with(x, f, [](const float* p, H* o) { L::load(p, o); });
+  }
+  static JAXHC_HD void load_bf16(const uint16_t* x, V* f) {
+    load_with(x, f, [](const uint16_t* p, H* o) { L::load_bf16(p, o); });
+  }
+  static JAXHC_HD void load_f16(const uint16_t* x, V* f) {
+    load_with(x, f, [](const uint16_t* p, H* o) { L::load_f16(p, o); });
+  }
+  static JAXHC_HD void store(const V* f, float* x) {
+    store_with(f, x, [](const H* v, float* p) { L::store(v, p); });
+  }
+  static JAXHC_HD void store_bf16(const V* f, uint16_t* x) {
+    store_with(f, x, [](const H* v, uint16_t* p) { L::store_bf16(v, p); });
+  }
+  static JAXHC_HD void store_f16(const V* f, uint16_t* x) {
+    store_with(f, x, [](const H* v, uint16_t* p) { L::store_f16(v, p); });
+  }
 
-  static JAXHC_HD V load_words32(const uint32_t* w) { return {L::load_words32(w), L::load_words32(w + L::kLanes)}; }
-  static JAXHC_HD void store_words32(V a, uint32_t* w) { L::store_words32(a.lo, w), L::store_words32(a.hi, w + L::kLanes); }
+  static JAXHC_HD V load_words32(const uint32_t* w) {
+    return {L::load_words32(w), L::load_words32(w + L::kLanes)};
+  }
+  static JAXHC_HD void store_words32(V a, uint32_t* w) {
+    L::store_words32(a.lo, w), L::store_words32(a.hi, w + L::kLanes);
+  }
   static JAXHC_HD void load_words64(const uint64_t* w, V* a) {
     H lo[2], hi[2];
     L::load_words64(w, lo), L::load_words64(w + L::kLanes, hi);

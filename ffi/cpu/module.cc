@@ -42,8 +42,8 @@ nb::tuple zfp_encode(Values x, int maxbits) {
   uint64_t n = x.shape(0);
   if (n == 0) throw std::invalid_argument("zfp cannot encode an empty array");
   std::vector<uint64_t> words(jaxhc::zfp::payload_bytes(n, maxbits) / 8);
-  bool finite = jaxhc::zfp::encode_row(x.data(), f64 ? jaxhc::zfp::Elem::kF64 : jaxhc::zfp::Elem::kF32,
-                                       n, maxbits, words.data());
+  auto type = f64 ? jaxhc::zfp::Elem::kF64 : jaxhc::zfp::Elem::kF32;
+  bool finite = jaxhc::zfp::encode_row(x.data(), type, n, maxbits, words.data());
   return nb::make_tuple(nb::bytes(words.data(), words.size() * 8), finite);
 }
 

@@ -48,13 +48,21 @@ class WordWriter {
 template <Elem E>
 struct ElemType;
 template <>
-struct ElemType<Elem::kF32> { using T = float; };
+struct ElemType<Elem::kF32> {
+  using T = float;
+};
 template <>
-struct ElemType<Elem::kF64> { using T = double; };
+struct ElemType<Elem::kF64> {
+  using T = double;
+};
 template <>
-struct ElemType<Elem::kBF16> { using T = Bf16; };
+struct ElemType<Elem::kBF16> {
+  using T = Bf16;
+};
 template <>
-struct ElemType<Elem::kF16> { using T = F16; };
+struct ElemType<Elem::kF16> {
+  using T = F16;
+};
 
 template <Elem E>
 using T_ = typename ElemType<E>::T;
@@ -125,23 +133,31 @@ void decode_sum_scalar(const uint64_t* const* rows, int parts, uint64_t nwords, 
 
 template <class L, Elem E>
 inline void load_values(const T_<E>* x, typename L::V* f) {
-  if constexpr (E == Elem::kF32) L::load(x, f);
-  else if constexpr (E == Elem::kBF16) L::load_bf16(reinterpret_cast<const uint16_t*>(x), f);
-  else L::load_f16(reinterpret_cast<const uint16_t*>(x), f);
+  if constexpr (E == Elem::kF32)
+    L::load(x, f);
+  else if constexpr (E == Elem::kBF16)
+    L::load_bf16(reinterpret_cast<const uint16_t*>(x), f);
+  else
+    L::load_f16(reinterpret_cast<const uint16_t*>(x), f);
 }
 
 template <class L, Elem E>
 inline void store_values(const typename L::V* f, T_<E>* x) {
-  if constexpr (E == Elem::kF32) L::store(f, x);
-  else if constexpr (E == Elem::kBF16) L::store_bf16(f, reinterpret_cast<uint16_t*>(x));
-  else L::store_f16(f, reinterpret_cast<uint16_t*>(x));
+  if constexpr (E == Elem::kF32)
+    L::store(f, x);
+  else if constexpr (E == Elem::kBF16)
+    L::store_bf16(f, reinterpret_cast<uint16_t*>(x));
+  else
+    L::store_f16(f, reinterpret_cast<uint16_t*>(x));
 }
 
 template <class L, Elem E>
 inline void round_values(typename L::V* f) {
   for (int i = 0; i < 4; i++) {
-    if constexpr (E == Elem::kBF16) f[i] = L::round_bf16(f[i]);
-    else if constexpr (E == Elem::kF16) f[i] = L::round_f16(f[i]);
+    if constexpr (E == Elem::kBF16)
+      f[i] = L::round_bf16(f[i]);
+    else if constexpr (E == Elem::kF16)
+      f[i] = L::round_f16(f[i]);
   }
 }
 
@@ -170,19 +186,23 @@ bool encode_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxb
       alignas(64) uint32_t lane[W][K];
       for (int i = 0; i < W; i++) std::memcpy(lane[i], &a[i], sizeof(V));
       for (int j = 0; j < K; j++)
-        for (int i = 0; i < W && 32 * i < maxbits; i++) out.put(lane[i][j], std::min(32, maxbits - 32 * i));
+        for (int i = 0; i < W && 32 * i < maxbits; i++)
+          out.put(lane[i][j], std::min(32, maxbits - 32 * i));
     } else if (whole) {  // whole words: each block's word(s) in place
       for (int j = 0; j < K; j++) {
         BlockBits<2> bits;
         ok &= encode_one<Bits, E>(x, n, b + j, maxbits, bits);
-        if (W == 1) reinterpret_cast<uint32_t*>(words)[b - b0 + j] = static_cast<uint32_t>(bits.w[0]);
-        else words[b - b0 + j] = bits.w[0];
+        if (W == 1)
+          reinterpret_cast<uint32_t*>(words)[b - b0 + j] = static_cast<uint32_t>(bits.w[0]);
+        else
+          words[b - b0 + j] = bits.w[0];
       }
     } else {
       for (int j = 0; j < K; j++) ok &= encode_one<Bits, E>(x, n, b + j, maxbits, out);
     }
   }
-  if (whole) return encode_scalar<Bits, E>(x, n, b, b1, maxbits, words + (b - b0) * maxbits / 64) && ok;
+  if (whole)
+    return encode_scalar<Bits, E>(x, n, b, b1, maxbits, words + (b - b0) * maxbits / 64) && ok;
   for (; b < b1; b++) ok &= encode_one<Bits, E>(x, n, b, maxbits, out);
   out.flush();
   return ok;

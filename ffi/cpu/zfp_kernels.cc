@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,8 +17,9 @@
 #include "core/zfp.h"
 #include "cpu/memory.h"
 #include "cpu/parallel.h"
+#include "cpu/zfp_avx2.h"
+#include "cpu/zfp_avx512.h"
 #include "cpu/zfp_blocks.h"
-#include "cpu/zfp_x86.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -33,8 +35,7 @@ using cpu::T_;
 
 // The three block-range loops of one kernel for one element type (type-erased).
 struct Loops {
-  bool (*encode)(const void* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
-                 uint64_t* words);
+  bool (*encode)(const void* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits, uint64_t* words);
   void (*decode)(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
                  int maxbits, void* x);
   void (*decode_sum)(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
@@ -44,23 +45,24 @@ struct Loops {
 // Defines struct NAME<Params...> whose encode/decode/decode_sum run the block loops ENC, DEC and
 // SUM (templates of zfp_blocks.h, instantiated with ARGS) under function attributes ATTR.
 #define JAXHC_ZFP_LOOPS(NAME, PARAMS, ATTR, ENC, DEC, SUM, ARGS)                              \
-  template <PARAMS>                                                                          \
-  struct NAME {                                                                              \
+  template <PARAMS>                                                                           \
+  struct NAME {                                                                               \
     ATTR static bool encode(const void* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits, \
-                            uint64_t* words) {                                               \
-      return cpu::ENC<ARGS>(static_cast<const T_<E>*>(x), n, b0, b1, maxbits, words);        \
-    }                                                                                        \
+                            uint64_t* words) {                                                \
+      return cpu::ENC<ARGS>(static_cast<const T_<E>*>(x), n, b0, b1, maxbits, words);         \
+    }                                                                                         \
     ATTR static void decode(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0,    \
-                            uint64_t b1, int maxbits, void* x) {                             \
-      cpu::DEC<ARGS>(row, nwords, n, b0, b1, maxbits, static_cast<T_<E>*>(x));               \
-    }                                                                                        \
-    ATTR static void decode_sum(const uint64_t* const* rows, int parts, uint64_t nwords,     \
+                            uint64_t b1, int maxbits, void* x) {                              \
+      cpu::DEC<ARGS>(row, nwords, n, b0, b1, maxbits, static_cast<T_<E>*>(x));                \
+    }                                                                                         \
+    ATTR static void decode_sum(const uint64_t* const* rows, int parts, uint64_t nwords,      \
                                 uint64_t n, uint64_t b0, uint64_t b1, int maxbits, void* x) { \
-      cpu::SUM<ARGS>(rows, parts, nwords, n, b0, b1, maxbits, static_cast<T_<E>*>(x));       \
-    }                                                                                        \
+      cpu::SUM<ARGS>(rows, parts, nwords, n, b0, b1, maxbits, static_cast<T_<E>*>(x));        \
+    }                                                                                         \
     static constexpr Loops loops() { return {encode, decode, decode_sum}; }                   \
   };
 
+// clang-format off
 #define JAXHC_COMMA ,
 JAXHC_ZFP_LOOPS(Portable, Elem E, , encode_scalar, decode_scalar, decode_sum_scalar,
                 PortableBits JAXHC_COMMA E)
@@ -76,10 +78,13 @@ JAXHC_ZFP_LOOPS(Bmi2, Elem E, JAXHC_BMI2, encode_scalar, decode_scalar, decode_s
                 Bmi2Bits JAXHC_COMMA E)
 // Zen 2 has AVX2 but microcoded pdep/pext: its lanes hand blocks to the portable scalar coder.
 JAXHC_ZFP_LOOPS(Avx2, int W JAXHC_COMMA Elem E, JAXHC_AVX2, encode_lanes, decode_lanes,
-                decode_sum_lanes, x86::Avx2 JAXHC_COMMA PortableBits JAXHC_COMMA W JAXHC_COMMA E)
+                decode_sum_lanes,
+                lanes::Pair<x86::Avx2> JAXHC_COMMA PortableBits JAXHC_COMMA W JAXHC_COMMA E)
 JAXHC_ZFP_LOOPS(Avx512, int W JAXHC_COMMA Elem E, JAXHC_AVX512, encode_lanes, decode_lanes,
-                decode_sum_lanes, lanes::Pair<x86::Avx512> JAXHC_COMMA Bmi2Bits JAXHC_COMMA W JAXHC_COMMA E)
+                decode_sum_lanes,
+                lanes::Pair<x86::Avx512> JAXHC_COMMA Bmi2Bits JAXHC_COMMA W JAXHC_COMMA E)
 #endif
+// clang-format on
 
 template <template <int, Elem> class Lanes, Elem E>
 Loops lane_loops(int maxbits) {  // words per lane: the block's maxbits bits, 32 at a time
@@ -110,9 +115,7 @@ Loops loops(Kernel k, Elem type, int maxbits) {
   }
 }
 
-size_t elem_bytes(Elem type) {
-  return type == Elem::kF64 ? 8 : type == Elem::kF32 ? 4 : 2;
-}
+size_t elem_bytes(Elem type) { return type == Elem::kF64 ? 8 : type == Elem::kF32 ? 4 : 2; }
 
 // The floating-point mode (MXCSR: flush-to-zero, denormals-are-zero, rounding) of the thread that
 // called, applied in the threads that do the work for it, so decode_sum adds as it would.
@@ -146,7 +149,8 @@ class FpMode {
 #endif
 };
 
-constexpr uint64_t kGrainBlocks = 16384;  // blocks per thread at least (thread start-up ~ tens of us)
+constexpr uint64_t kGrainBlocks =
+    16384;  // blocks per thread at least (thread start-up ~ tens of us)
 
 uint64_t group_blocks(int maxbits) {
   uint64_t g = 64;
@@ -181,23 +185,31 @@ void parallel_blocks(uint64_t rows, uint64_t n, int maxbits, Fn&& fn) {
   });
 }
 
-bool cpu_has(const char* const* features) {
+// Whether the CPU has an instruction-set feature (__builtin_cpu_supports takes literals only).
+bool cpu_has(const std::string& f) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  for (; *features; features++) {
-    std::string f = *features;  // __builtin_cpu_supports takes a literal: compare by name
-#define JAXHC_CPU(name) \
-  if (f == name && !__builtin_cpu_supports(name)) return false;
-    JAXHC_CPU("bmi") JAXHC_CPU("bmi2") JAXHC_CPU("avx2") JAXHC_CPU("f16c") JAXHC_CPU("fma")
-    JAXHC_CPU("avx512f") JAXHC_CPU("avx512bw") JAXHC_CPU("avx512dq") JAXHC_CPU("avx512vl")
-    JAXHC_CPU("avx512vbmi") JAXHC_CPU("avx512vbmi2") JAXHC_CPU("gfni")
-#undef JAXHC_CPU
-  }
-  return true;
-#else
-  (void)features;
-  return false;
+  if (f == "bmi") return __builtin_cpu_supports("bmi");
+  if (f == "bmi2") return __builtin_cpu_supports("bmi2");
+  if (f == "avx2") return __builtin_cpu_supports("avx2");
+  if (f == "f16c") return __builtin_cpu_supports("f16c");
+  if (f == "fma") return __builtin_cpu_supports("fma");
+  if (f == "avx512f") return __builtin_cpu_supports("avx512f");
+  if (f == "avx512bw") return __builtin_cpu_supports("avx512bw");
+  if (f == "avx512dq") return __builtin_cpu_supports("avx512dq");
+  if (f == "avx512vl") return __builtin_cpu_supports("avx512vl");
+  if (f == "avx512vbmi") return __builtin_cpu_supports("avx512vbmi");
+  if (f == "avx512vbmi2") return __builtin_cpu_supports("avx512vbmi2");
+  if (f == "gfni") return __builtin_cpu_supports("gfni");
 #endif
+  (void)f;
+  return false;
+}
+
+bool cpu_has_all(std::initializer_list<const char*> features) {
+  for (const char* f : features)
+    if (!cpu_has(f)) return false;
+  return true;
 }
 
 constexpr Kernel kKernels[] = {Kernel::kAvx512, Kernel::kAvx2, Kernel::kBmi2, Kernel::kPortable};
@@ -214,25 +226,18 @@ const char* kernel_name(Kernel k) {
 }
 
 bool kernel_supported(Kernel k) {
-  static const bool avx512 = [] {
-    const char* f[] = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi", "avx512vbmi2",
-                       "gfni", "avx2", "f16c", "fma", "bmi", "bmi2", nullptr};
-    return cpu_has(f);
-  }();
-  static const bool avx2 = [] {
-    const char* f[] = {"avx2", "f16c", "fma", "bmi", "bmi2", nullptr};
-    return cpu_has(f);
-  }();
+  static const bool avx512 =
+      cpu_has_all({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi", "avx512vbmi2",
+                   "gfni", "avx2", "f16c", "fma", "bmi", "bmi2"});
+  static const bool avx2 = cpu_has_all({"avx2", "f16c", "fma", "bmi", "bmi2"});
   // pdep/pext are single fast instructions on Intel since Haswell and AMD since Zen 3; Zen 1/2
   // microcode them (hundreds of cycles), so those take the portable code.
-  static const bool bmi2 = [] {
-    const char* f[] = {"bmi", "bmi2", nullptr};
 #if defined(__x86_64__)
-    return cpu_has(f) && !__builtin_cpu_is("znver1") && !__builtin_cpu_is("znver2");
+  static const bool bmi2 =
+      cpu_has_all({"bmi", "bmi2"}) && !__builtin_cpu_is("znver1") && !__builtin_cpu_is("znver2");
 #else
-    return cpu_has(f);
+  static const bool bmi2 = false;
 #endif
-  }();
   switch (k) {
     case Kernel::kAvx512: return avx512;
     case Kernel::kAvx2: return avx2;
@@ -252,8 +257,8 @@ Kernel active_kernel() {
   }
   for (Kernel k : kKernels)
     if (name == kernel_name(k))
-      throw std::invalid_argument("JAXHC_ZFP_KERNEL=" + name + ": this CPU cannot run it (it runs " +
-                                  here + ")");
+      throw std::invalid_argument("JAXHC_ZFP_KERNEL=" + name +
+                                  ": this CPU cannot run it (it runs " + here + ")");
   throw std::invalid_argument("JAXHC_ZFP_KERNEL=" + name +
                               " is not one of auto, avx512, avx2, bmi2, portable");
 }
@@ -268,8 +273,8 @@ void decode_blocks(Kernel k, const uint64_t* payload, Elem type, uint64_t n, int
   loops(k, type, maxbits).decode(payload, payload_bytes(n, maxbits) / 8, n, b0, b1, maxbits, x);
 }
 
-void decode_sum_blocks(Kernel k, const uint64_t* const* payloads, int parts, Elem type,
-                       uint64_t n, int maxbits, uint64_t b0, uint64_t b1, void* x) {
+void decode_sum_blocks(Kernel k, const uint64_t* const* payloads, int parts, Elem type, uint64_t n,
+                       int maxbits, uint64_t b0, uint64_t b1, void* x) {
   loops(k, type, maxbits)
       .decode_sum(payloads, parts, payload_bytes(n, maxbits) / 8, n, b0, b1, maxbits, x);
 }

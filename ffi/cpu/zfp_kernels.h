@@ -41,8 +41,8 @@ bool encode_blocks(Kernel k, const void* x, Elem type, uint64_t n, int maxbits, 
                    uint64_t b1, uint64_t* payload);
 void decode_blocks(Kernel k, const uint64_t* payload, Elem type, uint64_t n, int maxbits,
                    uint64_t b0, uint64_t b1, void* x);
-void decode_sum_blocks(Kernel k, const uint64_t* const* payloads, int parts, Elem type,
-                       uint64_t n, int maxbits, uint64_t b0, uint64_t b1, void* x);
+void decode_sum_blocks(Kernel k, const uint64_t* const* payloads, int parts, Elem type, uint64_t n,
+                       int maxbits, uint64_t b0, uint64_t b1, void* x);
 
 // Several rows at once, as the FFI handlers get them: row r of x at x + r * n values, its
 // payload at payload + r * payload_bytes(n, maxbits) / 8; `finite` gets one flag per row.
