@@ -22,7 +22,8 @@ $(VENV)/.system:
 	fi
 	@mkdir -p $(VENV) && touch $@
 
-APT_PACKAGES := build-essential
+# Open MPI before the native build, which compiles the fused MPI collectives against it.
+APT_PACKAGES := build-essential openmpi-bin libopenmpi-dev
 
 $(VENV)/.deps: pyproject.toml $(VENV)/.system
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -71,7 +72,7 @@ MPIRUN = timeout -k 10 $(MPI_TIMEOUT) mpirun --oversubscribe --allow-run-as-root
 # Ranks waiting in MPI yield the core (rank 0 alone computes the XLA reference meanwhile).
 MPI_ENV = PYTHONPATH=tests XLA_FLAGS=--xla_force_host_platform_device_count=4 OMPI_MCA_mpi_yield_when_idle=1
 MPI_PYTEST = $(BIN)/python -m pytest -q -p mpi_plugin -p no:cacheprovider --timeout=150 -m mpi \
-  tests/test_mpi_transport.py
+  tests/test_mpi_transport.py tests/test_mpi_fused.py
 
 test-mpi: setup-mpi
 	$(MPI_ENV) $(MPIRUN) -np 2 $(MPI_PYTEST)

@@ -20,7 +20,7 @@ sensitive to other jobs on the machine but blind to parallel speed-up.
 
 Fused decode-and-sum (third table). What a compressed psum decodes after its reduce-scatter: P
 payloads of n / P values (rate 8, float32) summed in rank order by `Zfp.decode_sum`, against
-decoding the P rows and adding them (`jaxhc.collectives._common.sum_rows`); GB/s of decoded values.
+decoding the P rows and adding them (the generic `Codec.decode_sum`); GB/s of decoded values.
 
 Compression ratio (fourth table). Lossless MPC, dims 1, 2 and 4, on float32 and bfloat16 copies of:
 the weights of jaxhc's GPT (`jaxhc.model.gpt`, byte-level, 4 layers x 256 wide) at its GPT-2
@@ -45,8 +45,7 @@ import numpy as np
 import zfpy
 from _common import fmt, gbps, markdown_table, print_table, time_codec, timings, write_json
 
-from jaxhc.codecs import Mpc, Zfp
-from jaxhc.collectives._common import decode_rows, sum_rows
+from jaxhc.codecs import Codec, Mpc, Zfp
 
 ZFP_RATES = (4, 8, 16, 24)
 DTYPES = ("float32", "bfloat16")
@@ -189,9 +188,7 @@ def decode_sum_records(n: int, repeats: int, parts_list=(2, 4, 8)) -> list[dict]
         rows = jnp.asarray(random_walk(parts * m).reshape(parts, m))
         payloads = jax.block_until_ready(jax.jit(jax.vmap(codec.encode))(rows).payload)
         fused = jax.jit(lambda p, m=m: codec.decode_sum(p, m, jnp.float32))
-        unfused = jax.jit(
-            lambda p, m=m: sum_rows(decode_rows(codec, p, m, jnp.float32), jnp.float32)
-        )
+        unfused = jax.jit(lambda p, m=m: Codec.decode_sum(codec, p, m, jnp.float32))
         if np.asarray(fused(payloads)).tobytes() != np.asarray(unfused(payloads)).tobytes():
             raise AssertionError(f"decode_sum differs from decode then sum for P={parts}")
         records.append(

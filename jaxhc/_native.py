@@ -17,13 +17,21 @@ try:
 except ImportError:
     cuda = None
 
+try:  # built where an MPI library was found (the fused collectives of the MPI transport)
+    from jaxhc import _jaxhc_mpi as mpi
+except ImportError:
+    mpi = None
+
 # Reads (once) and checks JAXHC_THREADS: a bad value is an error here, not in a handler.
 cpu.threads()
 
 for _name, _capsule in cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+if mpi is not None:
+    for _name, _capsule in mpi.registrations().items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 if cuda is not None:
     for _name, _capsule in cuda.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
-__all__ = ["cpu", "cuda"]
+__all__ = ["cpu", "cuda", "mpi"]

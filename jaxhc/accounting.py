@@ -4,8 +4,11 @@ Each jaxhc collective records, every time it executes on a device, the bytes a p
 collective would move for that rank ("raw") and the bytes its transport actually moved ("wire"),
 under its mesh axis and traffic kind. A call that fell back to raw transfer counts as a fallback
 (its wire bytes are then the raw bytes). Recording happens through `jax.debug.callback`, so it is
-exact under jit, scan, cond and remat, and it costs one host callback per collective per device;
-turn it off with ``with jaxhc.accounting.disabled():`` around tracing when that matters.
+exact under jit, scan, cond and remat. It costs nothing when no `Ledger` is active: whether one is
+is part of jax's jit cache key, so a function called outside every Ledger is compiled without the
+callbacks, and the first call inside one compiles it again with them (one host callback per
+collective per device). ``with jaxhc.accounting.disabled():`` around tracing turns them off even
+inside a Ledger.
 
 >>> import jaxhc
 >>> ledger = jaxhc.accounting.Ledger()
@@ -25,7 +28,13 @@ from collections import defaultdict
 
 import jax
 
+from jaxhc._compat import jit_keyed_flag
+
 _STATE = threading.local()
+# Whether a Ledger is active, part of jit's cache key: programs traced outside carry no callbacks.
+_RECORDING = jit_keyed_flag(
+    "jaxhc_accounting_active", "jaxhc: a jaxhc.accounting.Ledger is active (internal)"
+)
 _LOCK = threading.Lock()
 _ACTIVE: list[Ledger] = []
 
@@ -47,13 +56,18 @@ class Ledger:
 
     def __init__(self):
         self._tallies: dict[tuple[str, str], Tally] = defaultdict(Tally)
+        self._recording: list = []
 
     def __enter__(self) -> Ledger:
         with _LOCK:
             _ACTIVE.append(self)
+        ctx = _RECORDING(True)
+        ctx.__enter__()
+        self._recording.append(ctx)
         return self
 
     def __exit__(self, *exc) -> None:
+        self._recording.pop().__exit__(*exc)
         with _LOCK:
             _ACTIVE.remove(self)
 
@@ -93,7 +107,8 @@ def _dispatch(axis: str, kind: str, raw: float, wire: float, fallback: bool) -> 
 
 
 def enabled() -> bool:
-    return getattr(_STATE, "enabled", True)
+    """Whether collectives traced now record their traffic (a Ledger is active, not disabled)."""
+    return bool(_RECORDING.value) and getattr(_STATE, "enabled", True)
 
 
 @contextlib.contextmanager
@@ -107,19 +122,28 @@ def disabled():
         _STATE.enabled = prev
 
 
-def record(
-    axis_name, kind: str | None, raw: float, wire: float, fallback: bool = False, anchor=None
-) -> None:
+def record(axis_name, kind: str | None, raw: float, wire, fallback=False, anchor=None) -> None:
     """Called by collectives while tracing: emits a callback that tallies one execution.
 
-    `anchor` (the collective's result) makes the callback depend on data the collective produced:
-    without it, JAX hoists the callback out of a `lax.scan` under `jax.grad` as loop-invariant, and
-    it would run once instead of once per iteration.
+    `raw` is known when tracing; `wire` and `fallback` may be too (floats, bools) or be traced
+    values that the transport reports at run time (the fused MPI collectives). `anchor` (the
+    collective's result) makes the callback depend on data the collective produced: without it,
+    JAX hoists the callback out of a `lax.scan` under `jax.grad` as loop-invariant, and it would
+    run once instead of once per iteration.
     """
     if not enabled():
         return
     axis = ",".join(axis_name) if isinstance(axis_name, (tuple, list)) else str(axis_name)
     args = (anchor.reshape(-1)[:1],) if anchor is not None and anchor.size else ()
+    kind = kind or "other"
+    if isinstance(wire, jax.Array) or isinstance(fallback, jax.Array):
+        jax.debug.callback(
+            lambda w, f, *_: _dispatch(axis, kind, float(raw), float(w), bool(f)),
+            wire,
+            fallback,
+            *args,
+        )
+        return
     jax.debug.callback(
-        lambda *_: _dispatch(axis, kind or "other", float(raw), float(wire), bool(fallback)), *args
+        lambda *_: _dispatch(axis, kind, float(raw), float(wire), bool(fallback)), *args
     )

@@ -312,6 +312,27 @@ def test_accounting_records_raw_and_wire_bytes():
     assert per["x/other"]["wire_bytes"] == pytest.approx(raw)
 
 
+def test_accounting_costs_nothing_outside_a_ledger():
+    """No host callback is compiled into a program called outside every Ledger; the first call
+    inside one compiles the program again with its callbacks (whether one is active is in jit's
+    cache key), and it records."""
+    mesh, axis = mesh_of("1d4")
+    spec = jax.sharding.PartitionSpec(axis)
+    step = jax.jit(
+        jax.shard_map(
+            lambda a: jaxhc.psum(a, axis, codec="zfp:8"), mesh=mesh, in_specs=spec, out_specs=spec
+        )
+    )
+    x = smooth_data(mesh)
+    assert "callback" not in step.lower(x).compile().as_text()
+    jax.block_until_ready(step(x))
+    with jaxhc.accounting.Ledger() as ledger:
+        assert "callback" in step.lower(x).compile().as_text()
+        jax.block_until_ready(step(x))
+        jax.effects_barrier()
+    assert ledger.per_axis(devices=4)["x"]["calls"] == 1
+
+
 def test_bad_arguments_are_one_line_errors():
     mesh, axis = mesh_of("1d4")
     x = smooth_data(mesh)

@@ -3,7 +3,7 @@
 JAXHC_ZFP_KERNEL forces a kernel; those this CPU cannot run are skipped. Streams must be
 byte-identical to zfpy's and decoded values bit-identical to zfpy's decompression (rounded to
 bfloat16/float16 by jnp where those are asked for); the fused decode-and-sum must equal decoding
-each payload and adding the rows in rank order (``jaxhc.collectives._common.sum_rows``).
+each payload and adding the rows in rank order (the generic ``Codec.decode_sum``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from jaxhc import _native
-from jaxhc.codecs import Zfp
-from jaxhc.collectives._common import decode_rows, sum_rows
+from jaxhc.codecs import Codec, Zfp
 from tests._zfp_oracle import (
     F32_RATES,
     F64_RATES,
@@ -141,7 +140,7 @@ def test_narrow_types_code_their_float32_widening(kernel, dtype, rate):
 def _sum_fns(rate: float, m: int, dtype):
     codec = Zfp(rate)
     fused = jax.jit(lambda p: codec.decode_sum(p, m, dtype))
-    unfused = jax.jit(lambda p: sum_rows(decode_rows(codec, p, m, dtype), dtype).astype(dtype))
+    unfused = jax.jit(lambda p: Codec.decode_sum(codec, p, m, dtype))  # the generic path
     return fused, unfused
 
 

@@ -2,12 +2,14 @@
 
     python -m bench.links bench [--quick] [--hosts 2,4] [--rates 100mbit,1gbit,unshaped] ...
     python -m bench.links run --hosts 2 --rate 1gbit [--timeout S] -- COMMAND ...
+    python -m bench.links train [--hosts 2,4] [--rate 1gbit] [--policies none,zhybrid] [...]
     python -m bench.links probe --hosts 2 --rates 100mbit,1gbit,unshaped
     python -m bench.links report bench/results/links.json
     python -m bench.links clean [--all]
     python -m bench.links check
 
-`bench` runs bench/collectives.py --transport mpi across the hosts for each P and rate; `run`
+`bench` runs bench/collectives.py --transport mpi across the hosts for each P and rate; `train`
+runs `jaxhc train --transport mpi` across them per policy (bench/links/train.py); `run`
 runs any command under mpirun (one rank per host); `probe` measures one TCP stream from host 0 to
 host 1 at each rate; `report` redoes a sweep's markdown and PNG; `clean` deletes the namespaces of
 runs that were killed (--all: of every run); `check` says whether clusters can be made here.
@@ -34,9 +36,10 @@ def main(argv=None) -> int:
         epilog="\n".join(__doc__.splitlines()[2:]),
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    from . import sweep
+    from . import sweep, train
 
     sweep.add_arguments(sub.add_parser("bench", help="the collective benchmark across the links"))
+    train.add_arguments(sub.add_parser("train", help="jaxhc train per policy across the links"))
     r = sub.add_parser("run", help="run a command under mpirun across a cluster")
     r.add_argument("--hosts", type=int, default=2)
     r.add_argument("--rate", default="1gbit", help="100mbit, 1gbit, ... or unshaped")
@@ -77,6 +80,8 @@ def main(argv=None) -> int:
             print(f"removed {len(gone)} namespaces" + (f": {' '.join(gone)}" if gone else ""))
         elif args.cmd == "bench":
             sweep.run(args)
+        elif args.cmd == "train":
+            train.run(args)
         elif args.cmd == "run":
             with Cluster(args.hosts, args.rate) as cluster:
                 done = cluster.run(

@@ -28,3 +28,16 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpDecodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpDecodeSumCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcEncodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcDecodeCpu);
+
+// Host entry points of the MPC kernels on plain buffers (one row of n words of wb bytes), for the
+// fused MPI collectives (ZFP's are in cpu/zfp_kernels.h). encode: the payload's used bytes (more
+// than `capacity`: over budget, payload cut); `scratch` holds mpc_scratch_bytes(n, wb).
+// decode: 0, or the mpc::Status of a malformed row.
+namespace jaxhc {
+namespace mpc {
+uint64_t encode_host(const void* x, uint32_t wb, uint64_t n, uint32_t dim, uint8_t* payload,
+                     uint64_t capacity, uint8_t* scratch);
+int32_t decode_host(const uint8_t* payload, uint64_t capacity, uint32_t wb, uint64_t n,
+                    uint32_t dim, void* x);
+}  // namespace mpc
+}  // namespace jaxhc

@@ -321,6 +321,36 @@ ffi::Error DecodeImpl(ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x,
 }
 
 }  // namespace
+
+// Host entry points (one row; the handlers' kernels and threads), for the fused MPI collectives.
+uint64_t encode_host(const void* x, uint32_t wb, uint64_t n, uint32_t dim, uint8_t* payload,
+                     uint64_t capacity, uint8_t* scratch) {
+  const bool fast = UseFastCodec();
+  const size_t parts = PartsFor(chunk_count(n), 1);
+  switch (wb) {
+    case 2: return uint64_t(EncodeRow(static_cast<const uint16_t*>(x), n, dim, payload, capacity,
+                                      scratch, parts, fast));
+    case 4: return uint64_t(EncodeRow(static_cast<const uint32_t*>(x), n, dim, payload, capacity,
+                                      scratch, parts, fast));
+    default: return uint64_t(EncodeRow(static_cast<const uint64_t*>(x), n, dim, payload,
+                                       capacity, scratch, parts, fast));
+  }
+}
+
+int32_t decode_host(const uint8_t* payload, uint64_t capacity, uint32_t wb, uint64_t n,
+                    uint32_t dim, void* x) {
+  const bool fast = UseFastCodec();
+  const size_t parts = PartsFor(chunk_count(n), 1);
+  switch (wb) {
+    case 2: return DecodeRow(payload, capacity, n, dim, static_cast<uint16_t*>(x), parts, fast)
+                .status;
+    case 4: return DecodeRow(payload, capacity, n, dim, static_cast<uint32_t*>(x), parts, fast)
+                .status;
+    default: return DecodeRow(payload, capacity, n, dim, static_cast<uint64_t*>(x), parts, fast)
+                 .status;
+  }
+}
+
 }  // namespace mpc
 }  // namespace jaxhc
 

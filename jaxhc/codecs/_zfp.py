@@ -101,9 +101,9 @@ class Zfp(Codec):
     def decode_sum(self, payloads: jax.Array, n: int, dtype) -> jax.Array:
         """The values of the payloads (P, payload_bytes(n)) added in order 0..P-1: (n,) of dtype.
 
-        Bit for bit what decoding each payload to `dtype` and adding the rows in rank order in
-        float32 (float64 stays float64), then rounding to `dtype`, gives
-        (``jaxhc.collectives._common.sum_rows``), in one pass without the P decoded rows.
+        Bit for bit `Codec.decode_sum` (decode each payload to `dtype`, add the rows in rank
+        order in float32 (float64 stays float64), round to `dtype`), in one pass without the P
+        decoded rows.
 
         >>> import jax.numpy as jnp
         >>> from jaxhc.codecs import Zfp

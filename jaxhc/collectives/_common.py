@@ -78,15 +78,6 @@ def pad_rows(rows: jax.Array) -> tuple[jax.Array, int]:
     return jnp.pad(rows, ((0, 0), (0, m - rows.shape[1]))), m
 
 
-def sum_rows(rows: jax.Array, dtype) -> jax.Array:
-    """Sum rows in rank order, accumulating in float32 (float64 stays float64), unrolled."""
-    acc_dtype = jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
-    acc = rows[0].astype(acc_dtype)
-    for j in range(1, rows.shape[0]):
-        acc = acc + rows[j].astype(acc_dtype)
-    return acc
-
-
 def guarded(ok, axis_name, codec: Codec, compressed, raw):
     """Run `compressed()` if every rank's `ok` holds, else `raw()` on every rank (agreed first)."""
     if not may_fail(codec):

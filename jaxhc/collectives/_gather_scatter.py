@@ -64,17 +64,23 @@ def _gather_run(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
     t = transport()
     parts = t.axis_size(axis_name)
     raw = (parts - 1) * c.nbytes(x)
+
+    def arrange(rows):  # (P, x.size) -> the gathered array
+        out = jnp.moveaxis(rows.reshape((parts,) + x.shape), 0, axis)
+        if tiled:
+            out = out.reshape(x.shape[:axis] + (parts * x.shape[axis],) + x.shape[axis + 1 :])
+        return make_varying(out, axis_tuple(axis_name)) if to == "varying" else out
+
+    if t.fused(codec, x.dtype, axis_name):
+        rows, wire, fell = t.fused_all_gather(x, axis_name, codec)
+        return c.record(axis_name, kind, raw, wire, fell, anchor=arrange(rows))
     payload, ok = c.encode_one(codec, x)
     agree = c.agreement_bytes(codec, parts)
 
     def compressed():
         got = t.all_gather_rows(payload, axis_name)
         c.record(axis_name, kind, raw, (parts - 1) * payload.shape[0] + agree, anchor=got)
-        rows = c.decode_rows(codec, got, x.size, x.dtype)
-        out = jnp.moveaxis(rows.reshape((parts,) + x.shape), 0, axis)
-        if tiled:
-            out = out.reshape(x.shape[:axis] + (parts * x.shape[axis],) + x.shape[axis + 1 :])
-        return make_varying(out, axis_tuple(axis_name)) if to == "varying" else out
+        return arrange(c.decode_rows(codec, got, x.size, x.dtype))
 
     def plain():
         out = _gather_raw(x, axis_name, axis, tiled, to, vma)
@@ -117,15 +123,21 @@ def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
     chunk_shape = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
     size = moved.size // parts
     rows = moved.reshape(parts, size)
+
+    def arrange(reduced):  # this rank's reduced row (size values) -> its slice of the result
+        reduced = reduced.reshape(chunk_shape)
+        return jnp.moveaxis(reduced, 0, dim) if tiled else reduced
+
+    if t.fused(codec, x.dtype, axis_name):
+        mine, wire, fell = t.fused_psum_scatter(rows, axis_name, codec)
+        return c.record(axis_name, kind, raw, wire, fell, anchor=arrange(mine))
     rows, m = c.pad_rows(rows)
     payloads, ok = c.encode_rows(codec, rows)
 
     def compressed():
         got = t.all_to_all_rows(payloads, axis_name)
         c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree, anchor=got)
-        pieces = c.decode_rows(codec, got, m, x.dtype)
-        reduced = c.sum_rows(pieces, x.dtype).astype(x.dtype)[:size].reshape(chunk_shape)
-        return jnp.moveaxis(reduced, 0, dim) if tiled else reduced
+        return arrange(codec.decode_sum(got, m, x.dtype)[:size])
 
     def plain():
         out = t.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)

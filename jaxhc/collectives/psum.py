@@ -73,14 +73,16 @@ def _run(x, axis_name, codec: Codec | None, kind):
         return _plain(x, axis_name, kind)
     n, shape, dtype = x.size, x.shape, x.dtype
     raw = 2 * (parts - 1) / parts * c.nbytes(x)
+    if t.fused(codec, dtype, axis_name):
+        y, wire, fell = t.fused_psum(x, axis_name, codec)
+        return c.record(axis_name, kind, raw, wire, fell, anchor=y)
     agree = c.agreement_bytes(codec, parts)
     rows, m = c.to_rows(x, parts)
     payloads, ok = c.encode_rows(codec, rows)
     sent = (parts - 1) * payloads.shape[1] + agree
 
     def reduce_scatter_then_gather():
-        pieces = c.decode_rows(codec, t.all_to_all_rows(payloads, axis_name), m, dtype)
-        reduced = c.sum_rows(pieces, dtype).astype(dtype)
+        reduced = codec.decode_sum(t.all_to_all_rows(payloads, axis_name), m, dtype)
         payload, ok2 = c.encode_one(codec, reduced)
 
         def gather():

@@ -41,6 +41,23 @@ class Transport(abc.ABC):
         """
         return self.axis_index(axis_name)
 
+    # Fused collectives: the whole compressed algorithm in one native call (the MPI transport).
+    def fused(self, codec, dtype, axis_name) -> bool:
+        """Whether `fused_psum` / `fused_psum_scatter` / `fused_all_gather` take this call."""
+        return False
+
+    def fused_psum(self, x: jax.Array, axis_name, codec):
+        """(psum of x as jaxhc's compressed algorithm computes it, wire bytes, fell back)."""
+        raise NotImplementedError
+
+    def fused_psum_scatter(self, rows: jax.Array, axis_name, codec):
+        """rows (P, m): (this rank's reduced row, wire bytes, fell back)."""
+        raise NotImplementedError
+
+    def fused_all_gather(self, x: jax.Array, axis_name, codec):
+        """((P, *x.shape) every rank's decoded x, wire bytes, fell back)."""
+        raise NotImplementedError
+
     # Raw collectives with `jax.lax` semantics: the fallback path and the codec=None path.
     @abc.abstractmethod
     def psum(self, x, axis_name): ...

@@ -27,6 +27,7 @@ from jax import lax
 
 from jaxhc._checks import split_dim
 from jaxhc._compat import axis_tuple
+from jaxhc.transport import _mpi_fused
 from jaxhc.transport._base import Transport
 
 # dtypes mpi4jax moves as themselves; others travel as unsigned words of the same width.
@@ -175,6 +176,20 @@ class MpiTransport(Transport):
     def all_gather_rows(self, row, axis_name):
         return _allgather(row, self.grid.comm(axis_name))
 
+    def fused(self, codec, dtype, axis_name) -> bool:
+        return self.axis_size(axis_name) > 1 and _mpi_fused.supports(codec, dtype)
+
+    def fused_psum(self, x, axis_name, codec):
+        y, wire, fell = _mpi_fused.psum(x.reshape(-1), self.grid.comm(axis_name), codec)
+        return y.reshape(x.shape), wire, fell
+
+    def fused_psum_scatter(self, rows, axis_name, codec):
+        return _mpi_fused.psum_scatter(rows.reshape(-1), self.grid.comm(axis_name), codec)
+
+    def fused_all_gather(self, x, axis_name, codec):
+        y, wire, fell = _mpi_fused.all_gather(x.reshape(-1), self.grid.comm(axis_name), codec)
+        return y.reshape((self.axis_size(axis_name),) + x.shape), wire, fell
+
     def ppermute(self, x, axis_name, perm):
         axes = self.grid.mesh_order(axis_name)  # as jax.lax.ppermute numbers a tuple of axes
         return jax.tree.map(lambda a: _ppermute(a, self, axes, _perm(perm)), x)
@@ -311,6 +326,8 @@ def _psum(x, t: MpiTransport, axis_name):
     if parts == 1:
         return x
     comm = t.grid.comm(axis_name)
+    if t.psum_mode == "exact" and _mpi_fused.supports(None, x.dtype):
+        return _mpi_fused.psum(x.reshape(-1), comm, None)[0].reshape(x.shape)
     if t.psum_mode == "allreduce" and jnp.dtype(x.dtype) != jnp.bool_:
         import mpi4jax
 
@@ -337,7 +354,12 @@ def _all_gather(x, t: MpiTransport, axis_name, axis, tiled):
     if not -ndim <= axis < ndim:
         raise ValueError(f"all_gather: axis {axis} out of range for shape {x.shape}")
     axis %= ndim
-    got = _allgather(x, t.grid.comm(axis_name))  # (P, *x.shape)
+    comm = t.grid.comm(axis_name)
+    if comm.Get_size() > 1 and _mpi_fused.supports(None, x.dtype):
+        got = _mpi_fused.all_gather(x.reshape(-1), comm, None)[0]
+        got = got.reshape((comm.Get_size(),) + x.shape)
+    else:
+        got = _allgather(x, comm)  # (P, *x.shape)
     out = jnp.moveaxis(got, 0, axis)
     if tiled:
         parts = got.shape[0]
@@ -364,7 +386,12 @@ def _psum_scatter(x, t: MpiTransport, axis_name, dim, tiled):
     if parts == 1:
         mine = moved.reshape(chunk)
     else:
-        mine = _reduce_scatter_rows(moved.reshape(parts, -1), t.grid.comm(axis_name)).reshape(chunk)
+        rows, comm = moved.reshape(parts, -1), t.grid.comm(axis_name)
+        if _mpi_fused.supports(None, x.dtype):
+            mine = _mpi_fused.psum_scatter(rows.reshape(-1), comm, None)[0]
+        else:
+            mine = _reduce_scatter_rows(rows, comm)
+        mine = mine.reshape(chunk)
     return jnp.moveaxis(mine, 0, dim) if tiled else mine
 
 

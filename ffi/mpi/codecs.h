@@ -1,0 +1,50 @@
+// The segment codecs of the fused MPI collectives, on the CPU module's kernels.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "mpi/engine.h"
+
+namespace jaxhc {
+namespace mpi {
+
+// Fixed-rate ZFP: the same stream as the jaxhc_zfp_encode handler, one segment at a time (the
+// CPU module's kernels, cpu/zfp_kernels.h). bfloat16 rows are coded as float32.
+class ZfpSegments final : public SegmentCodec {
+ public:
+  explicit ZfpSegments(int maxbits) : maxbits_(maxbits) {}
+  uint64_t align() const override { return 256; }  // 64 blocks: whole 64-bit words at any rate
+  uint64_t capacity(uint64_t count) const override;
+  bool may_send_raw() const override { return false; }
+  Result encode(const void* src, Elem e, uint64_t count, uint8_t* out, uint64_t* bytes) override;
+  bool decode(const uint8_t* in, uint64_t bytes, Elem e, uint64_t count, void* dst) override;
+  bool decode_sum(const uint8_t* const* in, const uint64_t* bytes, const bool* raw, int parts,
+                  Elem e, uint64_t count, void* dst) override;
+
+ private:
+  int maxbits_;
+};
+
+// MPC, lossless: a segment travels coded when it fits `budget` x its raw bytes (and is smaller
+// than raw), else as it is (the values are the same either way; only the wire bytes differ).
+// budget <= 0: no budget beyond "smaller than raw".
+class MpcSegments final : public SegmentCodec {
+ public:
+  MpcSegments(int dim, double budget) : dim_(dim), budget_(budget) {}
+  uint64_t align() const override { return 1024; }  // whole MPC chunks
+  uint64_t capacity(uint64_t count) const override { return capacity_for(count, 4); }
+  bool may_send_raw() const override { return true; }
+  Result encode(const void* src, Elem e, uint64_t count, uint8_t* out, uint64_t* bytes) override;
+  bool decode(const uint8_t* in, uint64_t bytes, Elem e, uint64_t count, void* dst) override;
+  bool decode_sum(const uint8_t* const* in, const uint64_t* bytes, const bool* raw, int parts,
+                  Elem e, uint64_t count, void* dst) override;
+
+ private:
+  uint64_t capacity_for(uint64_t count, uint32_t wb) const;
+  int dim_;
+  double budget_;
+  std::vector<uint8_t> scratch_, pieces_;
+};
+
+}  // namespace mpi
+}  // namespace jaxhc

@@ -1,0 +1,164 @@
+"""The fused MPI collectives (ffi/mpi) against the XLA transport, bit for bit, under mpirun.
+
+The fused psum / psum_scatter / all_gather run the whole algorithm in one native call, cut into
+segments that overlap encoding, the wire and decoding. Here the segments are made small so every
+case spans many of them, with lengths that leave partial chunks, blocks and segments, in float32,
+bfloat16 and float64, plain and ZFP; a NaN in the last segment of one rank (the whole call goes
+plain on every rank), and sums that overflow (the gather phase goes plain). Rank 0 computes the
+reference with the XLA transport on simulated devices; every rank checks its block bitwise and that
+the fused call really ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import mpi_helpers as h
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+pytestmark = [pytest.mark.mpi]
+
+if h.mpi_ready():
+    pytest.skip(h.mpi_ready(), allow_module_level=True)
+if "OMPI_COMM_WORLD_SIZE" not in os.environ:  # importing mpi4py would MPI_Init this process
+    pytest.skip("runs under mpirun (make test-mpi)", allow_module_level=True)
+
+from mpi4py import MPI  # noqa: E402
+
+import jaxhc  # noqa: E402
+from jaxhc.launch._blocks import local_block  # noqa: E402
+from jaxhc.transport import _mpi_fused  # noqa: E402
+
+if not _mpi_fused.available():
+    pytest.skip("jaxhc was built without an MPI library (no _jaxhc_mpi)", allow_module_level=True)
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+SEGMENT_BYTES = 4096  # many segments per chunk at these sizes
+TARGETS = {
+    "psum": "jaxhc_mpi_psum",
+    "psum_scatter": "jaxhc_mpi_psum_scatter",
+    "all_gather": "jaxhc_mpi_all_gather",
+}
+
+
+def _body(collective, codec):
+    if collective == "psum":
+        return lambda x: jaxhc.psum(x, "x", codec=codec)
+    if collective == "psum_scatter":
+        return lambda x: jaxhc.psum_scatter(x, "x", tiled=True, codec=codec)
+    return lambda x: jaxhc.all_gather(x, "x", tiled=True, codec=codec)
+
+
+@functools.cache
+def _programs(collective, codec):
+    body = _body(collective, codec)
+    spec = P("x")
+    xla = jaxhc.Launcher({"x": SIZE}, "xla").shard_map(body, in_specs=spec, out_specs=spec)
+    launcher = jaxhc.Launcher({"x": SIZE}, "mpi")
+    return xla, launcher, launcher.shard_map(body, in_specs=spec, out_specs=spec), body
+
+
+def _input(rows_per_rank, cols, dtype, case, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((SIZE * rows_per_rank, cols)).astype(np.float32)
+    x *= np.geomspace(1e-3, 1e3, x.shape[1], dtype=np.float32)  # mixed magnitudes per block
+    if case == "nan":  # the last rank's last values: the last segment of the last chunk
+        x[-1, -1] = np.nan
+    if case == "overflow":  # every rank's share sums past float32's range (finite inputs)
+        x[:, : cols // 2] = 3e38
+    if case == "mixed":  # rows MPC compresses well between rows of noise: coded and raw segments
+        x[::2] = np.arange(x[::2].size).reshape(-1, cols) % 1000
+    return x.astype(dtype)
+
+
+def _traffic(run):
+    with jaxhc.accounting.Ledger() as ledger:
+        out = jax.block_until_ready(run())
+    return out, ledger.per_axis(devices=1).get("x", {})
+
+
+def _check(collective, codec, dtype, rows_per_rank, cols, case="plain"):
+    x = _input(rows_per_rank, cols, dtype, case)
+    xla, launcher, mpi, body = _programs(collective, codec)
+    ref = fallbacks_ref = None
+    if RANK == 0:
+        out, traffic = _traffic(lambda: xla(x))
+        ref, fallbacks_ref = np.asarray(out), traffic["fallbacks"] / SIZE
+    ref, fallbacks_ref = WORLD.bcast((ref, fallbacks_ref), root=0)
+    xin = launcher.put(x, P("x"))
+    with jaxhc.transport.use(launcher.transport):
+        hlo = jax.jit(body).lower(xin).as_text()
+    got, traffic = _traffic(lambda: mpi(xin))
+    fallbacks = traffic["fallbacks"]
+    want = local_block(P("x"), ref, launcher.grid.coords, launcher.mesh_shape)
+    bad = []
+    if not h.bits_equal(got, want):
+        g, w = np.asarray(got), np.asarray(want)
+        diff = int(np.sum(g.view(np.uint8) != w.view(np.uint8))) if g.shape == w.shape else -1
+        bad.append(f"{collective} {codec} {dtype.__name__} {case}: {diff} bytes differ")
+    if TARGETS[collective] not in hlo:
+        bad.append(f"{collective} {codec}: the fused call {TARGETS[collective]} did not run")
+    if case == "mixed":  # MPC's budget holds per segment here (per call on the XLA transport)
+        if not traffic["wire_bytes"] < 0.9 * traffic["raw_bytes"]:
+            bad.append(f"{collective} {codec}: nothing was coded ({traffic})")
+        fallbacks_ref = float(codec != "mpc")  # the noise rows go raw over a budget, if any
+    if fallbacks != fallbacks_ref:
+        bad.append(f"{collective} {codec} {case}: fallbacks {fallbacks} vs XLA's {fallbacks_ref}")
+    everyone = WORLD.allgather(bad)
+    lines = [f"rank {r}: {k}" for r, ks in enumerate(everyone) for k in ks]
+    assert not lines, "\n".join(lines)
+
+
+@pytest.fixture(autouse=True)
+def _small_segments(monkeypatch):
+    monkeypatch.setattr(_mpi_fused, "SEGMENT_BYTES", SEGMENT_BYTES)
+    monkeypatch.setattr(_mpi_fused, "PLAIN_SEGMENT_BYTES", SEGMENT_BYTES)
+    _programs.cache_clear()
+
+
+SHAPES = [(1, 1), (1, 7), (3, 339), (8, 1000)]  # per rank: tiny, partial blocks, many segments
+
+
+@pytest.mark.parametrize("collective", sorted(TARGETS))
+@pytest.mark.parametrize("codec", [None, "zfp:8", "zfp:13.5", "mpc", "mpc:0.9:dim=2"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fused_matches_xla_float32(collective, codec, shape):
+    rows = shape[0] * (SIZE if collective == "psum_scatter" else 1)  # whole tiles to scatter
+    _check(collective, codec, np.float32, rows, shape[1])
+
+
+@pytest.mark.parametrize("collective", sorted(TARGETS))
+@pytest.mark.parametrize("codec", [None, "zfp:8", "mpc"])
+def test_fused_matches_xla_bfloat16(collective, codec):
+    import ml_dtypes
+
+    rows = 4 * (SIZE if collective == "psum_scatter" else 1)
+    _check(collective, codec, ml_dtypes.bfloat16, rows, 777)
+
+
+@pytest.mark.parametrize("codec", [None, "zfp:16", "mpc"])
+def test_fused_matches_xla_float64(codec):
+    with jax.enable_x64(True):
+        _check("psum", codec, np.float64, 2, 1001)
+
+
+@pytest.mark.parametrize("collective", sorted(TARGETS))
+def test_nan_on_one_rank_makes_every_rank_plain(collective):
+    rows = 8 * (SIZE if collective == "psum_scatter" else 1)
+    _check(collective, "zfp:8", np.float32, rows, 1000, case="nan")
+
+
+@pytest.mark.parametrize("collective", sorted(TARGETS))
+@pytest.mark.parametrize("codec", ["mpc", "mpc:0.6"])
+def test_mpc_mixes_coded_and_raw_segments(collective, codec):
+    rows = 8 * (SIZE if collective == "psum_scatter" else 1)
+    _check(collective, codec, np.float32, rows, 1000, case="mixed")
+
+
+def test_overflowing_sum_gathers_plain():
+    _check("psum", "zfp:8", np.float32, 8, 1000, case="overflow")
