@@ -52,6 +52,9 @@ def main(argv=None) -> int:
     p.add_argument("--bytes-mb", type=int, default=64)
     rep = sub.add_parser("report", help="redo the markdown and PNG of a links JSON")
     rep.add_argument("json")
+    cmp = sub.add_parser("compare", help="markdown: median ms of the cells two links JSONs share")
+    cmp.add_argument("before")
+    cmp.add_argument("after", nargs="+", help="one or more later runs (the last wins a cell)")
     c = sub.add_parser("clean", help="delete namespaces left by killed runs")
     c.add_argument("--all", action="store_true", help="also those of runs still alive")
     sub.add_parser("check", help="can clusters be made here (root, namespaces, ip, tc)?")
@@ -62,6 +65,11 @@ def main(argv=None) -> int:
             from . import report
 
             report.rewrite(args.json)
+            return 0
+        if args.cmd == "compare":
+            from . import report
+
+            print(report.compare(args.before, args.after))
             return 0
         if args.cmd == "bench":
             sweep.resolve(args)  # bad options fail before anything is made

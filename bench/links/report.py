@@ -1,6 +1,7 @@
 """The links benchmark's outputs: JSON (with the command and machine), a markdown table, a PNG.
 
 python -m bench.links report bench/results/links_baseline.json   # redo the .md and .png
+python -m bench.links compare before.json after.json              # before / after, per cell
 """
 
 from __future__ import annotations
@@ -116,6 +117,26 @@ def tables(doc: dict) -> str:
             markdown_table(run_cols, runs),
         ]
     )
+
+
+def compare(before: str, after: list[str]) -> str:
+    """Markdown: each (collective, P, size, link, codec) measured in `before` and in `after`
+    (several later runs: the last one that has a cell wins it), median ms and the speed-up."""
+    cells: list[dict] = [{}, {}]
+    for i, paths in enumerate(([before], after)):
+        for path in paths:
+            with open(path) as f:
+                for r in json.load(f)["results"]:
+                    cells[i][(*_case(r), r["codec"])] = r
+    cols = ["collective", "P", "size/rank", "link", "codec", "before ms", "after ms", "speed-up"]
+    rows = []
+    for key in sorted(set(cells[0]) & set(cells[1]), key=lambda k: _key(cells[1][k])):
+        old, new = cells[0][key]["median_s"], cells[1][key]["median_s"]
+        rows.append(
+            [*key[:2], _size(key[2]), key[3], label(key[4]), _ms(old), _ms(new)]
+            + [f"{old / new:.2f}x"]
+        )
+    return markdown_table(cols, rows)
 
 
 def plot(doc: dict, path: str) -> None:
