@@ -15,6 +15,7 @@
 #include "core/ffi_args.h"
 #include "core/quant.h"
 #include "cuda/handlers.h"
+#include "cuda/launch.h"
 
 namespace ffi = xla::ffi;
 
@@ -23,12 +24,10 @@ namespace {
 using jaxhc::Rows;
 namespace q = jaxhc::quant;
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(uint64_t items) {  // kernels loop over the rest (grid-stride)
-  uint64_t blocks = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < (1u << 20) ? blocks : (1u << 20));
-}
+using jaxhc::cuda::grid_for;
+using jaxhc::cuda::invalid;
+using jaxhc::cuda::kThreads;
+using jaxhc::cuda::launched;
 
 struct Layout {
   Rows r;
@@ -96,27 +95,6 @@ __global__ void decode_sum_kernel(const uint8_t* payload, uint64_t parts, T* x, 
   }
 }
 
-ffi::Error invalid(const char* op, const std::string& msg) {
-  return ffi::Error::InvalidArgument(std::string(op) + ": " + msg);
-}
-
-ffi::Error launched(const char* op) {
-  cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kInternal, std::string(op) + ": " + cudaGetErrorString(err));
-}
-
-// Calls fn(T{}) with T the element type of t (float, Bf16, F16); false for others.
-template <typename Fn>
-bool with_elem(ffi::DataType t, Fn&& fn) {
-  switch (t) {
-    case ffi::DataType::F32: fn(float{}); return true;
-    case ffi::DataType::BF16: fn(jaxhc::Bf16{}); return true;
-    case ffi::DataType::F16: fn(jaxhc::F16{}); return true;
-    default: return false;
-  }
-}
-
 constexpr const char* kTypes = "values must be float32, bfloat16 or float16";
 
 Layout layout(const Rows& r, int64_t bits, int64_t block) {
@@ -127,7 +105,7 @@ ffi::Error QuantEncode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::A
                        ffi::Result<ffi::AnyBuffer> ok, int64_t bits, int64_t block) {
   const char* op = "jaxhc_quant_encode";
   ffi::Error result = ffi::Error::Success();
-  bool known = with_elem(x.element_type(), [&](auto t) {
+  bool known = jaxhc::cuda::with_elem<false>(x.element_type(), [&](auto t) {
     using T = decltype(t);
     Rows r;
     std::string err = q::check_encode_args(x, *payload, *ok, bits, block, &r);
@@ -148,7 +126,7 @@ ffi::Error QuantEncode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::A
 ffi::Error Decode(const char* op, bool sum, cudaStream_t stream, ffi::AnyBuffer payload,
                   ffi::AnyBuffer x, int64_t bits, int64_t block) {
   ffi::Error result = ffi::Error::Success();
-  bool known = with_elem(x.element_type(), [&](auto t) {
+  bool known = jaxhc::cuda::with_elem<false>(x.element_type(), [&](auto t) {
     using T = decltype(t);
     Rows r;
     uint64_t parts = 1;
