@@ -9,7 +9,7 @@ namespace quant {
 
 enum class Elem { kF32, kBF16, kF16 };
 
-// AVX2 float32 blocks, or portable scalar code (the same bytes). JAXHC_QUANT_KERNEL=avx2|portable
+// AVX2 + F16C vectors, or portable scalar code (the same bytes). JAXHC_QUANT_KERNEL=avx2|portable
 // forces one (the tests run both); unset or "auto" takes AVX2 where the CPU has it.
 enum class Kernel { kPortable, kAvx2 };
 const char* kernel_name(Kernel k);
