@@ -52,7 +52,7 @@ class Policy:
     >>> from jaxhc import Policy
     >>> p = Policy.preset("mzhybrid")
     >>> p.codec_for("tensor"), p.codec_for("data", "grad")
-    (Mpc(dim=1, budget=0.95), Zfp(rate=8))
+    (Mpc(dim=1, budget=0.95), Zfp(rate=8.0))
     """
 
     name: str = "custom"
