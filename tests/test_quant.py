@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from _quant_oracle import decode as oracle_decode
 from _quant_oracle import encode as oracle_encode
+from test_zfp import _has_gpu
 
 from jaxhc import _native
 from jaxhc.codecs import Codec, Quant, parse
@@ -152,6 +153,29 @@ def test_fused_decode_sum_is_decode_then_sum(kernel, spec, parts, dtype):
     unfused = jax.jit(lambda p: Codec.decode_sum(codec, p, n, DTYPES[dtype]))
     for sel in (slice(0, parts), slice(parts, parts + 2), slice(0, parts + 2)):
         assert_same_bits(np.asarray(fused(payloads[sel])), np.asarray(unfused(payloads[sel])))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="no GPU")
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("spec", ["q8", "q4:b64", "q4:b8"])
+def test_gpu_equals_the_oracle(spec, dtype):
+    """The CUDA kernels (core/quant.h): payloads, values and rank-order sums as the oracle's."""
+    codec, gpu, dt = parse(spec), jax.devices("gpu")[0], DTYPES[dtype]
+    for n in SIZES:
+        rows = np.stack([sample(n, dtype, seed=n + s) for s in range(3)])
+        rows[2, n // 2] = np.inf
+        enc = jax.jit(jax.vmap(codec.encode))(jax.device_put(rows, gpu))
+        dec = jax.jit(jax.vmap(lambda p, n=n: codec.decode(p, (n,), dt)))(enc.payload)
+        total = jax.jit(lambda p, n=n: codec.decode_sum(p, n, dt))(enc.payload[:2])
+        want = [oracle_encode(r, codec.bits, codec.block) for r in rows]
+        assert np.asarray(enc.ok).tolist() == [w[1] for w in want]
+        decoded = [oracle_decode(w[0], n, codec.bits, codec.block, rows.dtype) for w in want]
+        for r in range(3):
+            assert np.asarray(enc.payload[r]).tobytes() == want[r][0], f"n={n} row {r}"
+            assert_same_bits(np.asarray(dec[r]), decoded[r])
+        summed = (decoded[0].astype(np.float32) + decoded[1].astype(np.float32)).astype(rows.dtype)
+        assert_same_bits(np.asarray(total), summed)
 
 
 @pytest.mark.parametrize(
