@@ -1,7 +1,7 @@
 // The CPU block-quantization kernels (cpu/quant_kernels.h): the arithmetic of core/quant.h, one
 // block at a time, vectorized with AVX2 + F16C (picked at run time; bfloat16/float16 widened and
-// narrowed in the vectors) and a scalar tail that rounds the same way. Blocks are independent, so rows split over threads at block bounds
-// give the same bytes for any thread count. Compiled with -ffp-contract=off: every product is
+// narrowed in the vectors) and a scalar tail that rounds the same way. Blocks are independent,
+// so rows split over threads at block bounds give the same bytes for any thread count. Compiled with -ffp-contract=off: every product is
 // rounded before it is added, as the unfused decode-then-sum does.
 #include "cpu/quant_kernels.h"
 
@@ -214,7 +214,10 @@ struct Row {
   uint64_t n, block, blocks, bytes;
   int bits;
   Row(uint64_t n_, int bits_, uint64_t block_)
-      : n(n_), block(block_), blocks(blocks_of(n_, block_)), bytes(payload_bytes(n_, bits_, block_)),
+      : n(n_),
+        block(block_),
+        blocks(blocks_of(n_, block_)),
+        bytes(payload_bytes(n_, bits_, block_)),
         bits(bits_) {}
   uint64_t size(uint64_t k) const { return std::min(block, n - k * block); }
   uint8_t* codes(uint8_t* p) const { return p + 4 * blocks; }
