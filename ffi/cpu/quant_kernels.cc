@@ -1,8 +1,9 @@
 // The CPU block-quantization kernels (cpu/quant_kernels.h): the arithmetic of core/quant.h, one
 // block at a time, vectorized with AVX2 + F16C (picked at run time; bfloat16/float16 widened and
 // narrowed in the vectors) and a scalar tail that rounds the same way. Blocks are independent,
-// so rows split over threads at block bounds give the same bytes for any thread count. Compiled with -ffp-contract=off: every product is
-// rounded before it is added, as the unfused decode-then-sum does.
+// so rows split over threads at block bounds give the same bytes for any thread count. Compiled
+// with -ffp-contract=off: every product is rounded before it is added, as the unfused
+// decode-then-sum does.
 #include "cpu/quant_kernels.h"
 
 #include <algorithm>
