@@ -5,8 +5,8 @@
         [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
     .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
-Throughput (first two tables). jaxhc's ZFP at each rate, q8, q4 and MPC (dim 1, no budget) encode and
-decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
+Throughput (first two tables). jaxhc's ZFP at each rate, q8, q4 and MPC (dim 1, no budget)
+encode and decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
 through the XLA FFI inside `jax.jit`, side by side in one run with zfpy (single-threaded, float32
 only: it has no bfloat16) and a numpy memcpy. "1 thr" columns come from a child process pinned to
 one CPU with JAXHC_THREADS=1 (zfpy is timed there too, so "/zfpy" compares one core with one

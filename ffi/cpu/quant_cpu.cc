@@ -93,16 +93,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantEncodeCpu, QuantEncode,
                                   .Attr<int64_t>("bits")
                                   .Attr<int64_t>("block"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantDecodeCpu, QuantDecode,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block"));
+namespace {
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantDecodeSumCpu, QuantDecodeSum,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block"));
+// decode and decode_sum: payload(s) in, values out.
+auto DecodeBinding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("bits")
+      .Attr<int64_t>("block");
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantDecodeCpu, QuantDecode, DecodeBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantDecodeSumCpu, QuantDecodeSum, DecodeBinding());

@@ -163,18 +163,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantEncodeCuda, QuantEncode,
                                   .Attr<int64_t>("bits")
                                   .Attr<int64_t>("block"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantDecodeCuda, QuantDecode,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block"));
+namespace {
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantDecodeSumCuda, QuantDecodeSum,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block"));
+// decode and decode_sum: payload(s) in, values out.
+auto DecodeBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("bits")
+      .Attr<int64_t>("block");
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantDecodeCuda, QuantDecode, DecodeBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantDecodeSumCuda, QuantDecodeSum, DecodeBinding());
