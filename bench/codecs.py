@@ -5,12 +5,12 @@
         [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
     .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
-Throughput (first two tables). jaxhc's ZFP at each rate, q8, q4 and MPC (dim 1, no budget)
-encode and decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
+Throughput (first two tables). jaxhc's ZFP at each rate, q8, q4 and MPC (dim 1, no budget) encode
+and decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
 through the XLA FFI inside `jax.jit`, side by side in one run with zfpy (single-threaded, float32
 only: it has no bfloat16) and a numpy memcpy. "1 thr" columns come from a child process pinned to
-one CPU with JAXHC_THREADS=1 (zfpy is timed there too, so "/zfpy" compares one core with one
-core); "all" columns use every thread this process may run. "all/1" is the threads' speed-up.
+one CPU with JAXHC_THREADS=1 (zfpy is timed there too, so "/zfpy" compares one core with one core);
+"all" columns use every thread this process may run. "all/1" is the threads' speed-up.
 GB/s are 1e9 bytes/s of uncompressed input as given (a bfloat16 array counts 2 bytes per value),
 from the best of --repeats runs after one warm-up (the JSON keeps the median and the CPU times
 too). "ratio" is raw bytes / bytes the payload uses: rate-R ZFP stores R bits per value, so
