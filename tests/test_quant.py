@@ -24,7 +24,7 @@ from jaxhc.policy import Policy
 
 KERNELS = _native.cpu.quant_kernels()
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-SIZES = [1, 7, 8, 9, 255, 256, 257, 1000, 4099]
+SIZES = [1, 7, 9, 255, 257, 4099]
 
 
 @pytest.fixture(params=KERNELS)
@@ -55,7 +55,7 @@ def assert_same_bits(got: np.ndarray, want: np.ndarray):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("bits", [8, 4])
 def test_payload_and_values_equal_the_oracle(kernel, bits, dtype):
-    for block in (8, 64, 256):
+    for block in (8, 256):
         codec = Quant(bits=bits, block=block)
         for n in SIZES:
             x = sample(n, dtype, seed=n)
