@@ -91,6 +91,24 @@ def test_special_values_equal_the_oracle(kernel, bits):
     assert np.all(y[96:128] == 0)
 
 
+@pytest.mark.parametrize("scale", [3e-7, 1e-5, 1e-3])
+def test_float16_subnormals_equal_the_oracle(kernel, scale):
+    """float16 rows whose values (and decoded values) are float16 subnormals, in and out of the
+    vector code, and their fused sums, under XLA:CPU's flush-to-zero mode."""
+    x = (np.random.default_rng(1).standard_normal(4099) * scale).astype(np.float16)
+    for bits in (8, 4):
+        codec = Quant(bits, 64)
+        payload, _, y = ours(codec, x)
+        want, _ = oracle_encode(x, bits, 64)
+        assert payload == want
+        assert_same_bits(y, oracle_decode(want, x.size, bits, 64, np.float16))
+        rows = jnp.stack([codec.encode(jnp.asarray(v)).payload for v in (x, x[::-1].copy())])
+        fused = jax.jit(lambda r, c=codec: c.decode_sum(r, x.size, jnp.float16))(rows)
+        unfused = jax.jit(lambda r, c=codec: Codec.decode_sum(c, r, x.size, jnp.float16))(rows)
+        assert_same_bits(np.asarray(fused), np.asarray(unfused))
+    assert np.mean(np.abs(y.astype(np.float32)) < 2.0**-14) > (0.9 if scale < 1e-4 else 0.01)
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("block", [64, 256])
 def test_error_within_half_a_step(bits, block):
