@@ -265,22 +265,26 @@ void decode_sum_rows_t(Kernel k, const uint8_t* payload, int parts, uint64_t row
                        T* x) {
   prefer_huge_pages(x, rows * r.n * sizeof(T));
   for_blocks(rows, r, [&](uint64_t row, uint64_t kb) {
-    float acc[kBuf];
+    float buf[std::is_same_v<T, float> ? 1 : kBuf];
     const uint64_t m = r.size(kb);
     T* out = x + row * r.n + kb * r.block;
     for (uint64_t c0 = 0; c0 < m; c0 += kBuf) {  // kBuf is a multiple of 8: byte-aligned codes
       const uint64_t c = std::min<uint64_t>(kBuf, m - c0);
+      float* acc = buf;  // float32 rows sum in place, the others in float32 beside
+      if constexpr (std::is_same_v<T, float>) acc = out + c0;
       for (int part = 0; part < parts; part++) {
         const uint8_t* p = payload + (row * parts + part) * r.bytes;
         const float scale = reinterpret_cast<const float*>(p)[kb];
         const uint8_t* codes = r.codes(p) + r.code_offset(kb) + c0 * r.bits / 8;
         decode_block<T>(k, codes, c, r.bits, scale, acc, part > 0);
       }
-      uint64_t i = 0;
+      if constexpr (!std::is_same_v<T, float>) {
+        uint64_t i = 0;
 #if defined(__x86_64__)
-      if (k == Kernel::kAvx2) i = narrow_avx2(acc, c, out + c0);
+        if (k == Kernel::kAvx2) i = narrow_avx2(acc, c, out + c0);
 #endif
-      for (; i < c; i++) out[c0 + i] = E<T>::narrow(acc[i]);
+        for (; i < c; i++) out[c0 + i] = E<T>::narrow(acc[i]);
+      }
     }
   });
 }
