@@ -5,12 +5,12 @@
         [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
     .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
-Throughput (first two tables). jaxhc's ZFP at each rate and MPC (dim 1, no budget) encode and
-decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
+Throughput (first two tables). jaxhc's ZFP at each rate, q8, q4 and MPC (dim 1, no budget) encode
+and decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
 through the XLA FFI inside `jax.jit`, side by side in one run with zfpy (single-threaded, float32
 only: it has no bfloat16) and a numpy memcpy. "1 thr" columns come from a child process pinned to
-one CPU with JAXHC_THREADS=1 (zfpy is timed there too, so "/zfpy" compares one core with one
-core); "all" columns use every thread this process may run. "all/1" is the threads' speed-up.
+one CPU with JAXHC_THREADS=1 (zfpy is timed there too, so "/zfpy" compares one core with one core);
+"all" columns use every thread this process may run. "all/1" is the threads' speed-up.
 GB/s are 1e9 bytes/s of uncompressed input as given (a bfloat16 array counts 2 bytes per value),
 from the best of --repeats runs after one warm-up (the JSON keeps the median and the CPU times
 too). "ratio" is raw bytes / bytes the payload uses: rate-R ZFP stores R bits per value, so
@@ -28,6 +28,10 @@ initialization, their gradients for one batch of the embedded corpus, the residu
 each block (what pipeline stages send), a random walk, a smooth 2-D field, and white noise.
 Ratio = raw bytes / bytes used, summed over a data set's arrays. A payload budget b (`mpc:b`)
 fits when ratio >= 1/b; below that a collective falls back to sending raw.
+
+Accuracy (fifth table, bench/accuracy.py, also runnable alone): every lossy codec and the
+bfloat16/float16 casts on the GPT sets, bits per value, relative L2 and max error, and the
+one-thread encode/decode GB/s of q8/q4.
 """
 
 from __future__ import annotations
@@ -39,13 +43,15 @@ import subprocess
 import sys
 import tempfile
 
+import accuracy
 import jax
 import jax.numpy as jnp
 import numpy as np
 import zfpy
 from _common import fmt, gbps, markdown_table, print_table, time_codec, timings, write_json
+from _sets import gpt_sets
 
-from jaxhc.codecs import Codec, Mpc, Zfp
+from jaxhc.codecs import Codec, Mpc, Quant, Zfp
 
 ZFP_RATES = (4, 8, 16, 24)
 DTYPES = ("float32", "bfloat16")
@@ -77,7 +83,7 @@ def throughput(n: int, repeats: int, rates, dtypes, with_zfpy: bool) -> list[dic
     for dtype in dtypes:
         x_np = base.astype(jnp.dtype(dtype))
         x = jax.device_put(x_np)
-        for codec in [*(Zfp(rate=r) for r in rates), Mpc()]:
+        for codec in [*(Zfp(rate=r) for r in rates), Quant(8), Quant(4), Mpc()]:
             rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes}
             rec["jaxhc"] = time_codec(codec, x, repeats)
             if with_zfpy and isinstance(codec, Zfp) and dtype == "float32":
@@ -218,37 +224,6 @@ def decode_sum_rows(records: list[dict]) -> list[list[str]]:
 # --- MPC compression ratio -------------------------------------------------------------------
 
 
-def gpt_sets(quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
-    """jaxhc's GPT at init: weights, gradients of one corpus batch, residual stream per block."""
-    from jaxhc.data import Batches, corpus_bytes
-    from jaxhc.model import GPTConfig, gpt
-    from jaxhc.model.layers import Block
-
-    cfg = GPTConfig(
-        vocab_size=256,
-        block_size=64 if quick else 128,
-        n_layer=2 if quick else 4,
-        n_head=4,
-        n_embd=128 if quick else 256,
-    )
-    params = gpt.init_params(cfg, seed)
-    tokens = jnp.asarray(Batches(corpus_bytes(), 4 if quick else 16, cfg.block_size, seed).train(0))
-    grads = jax.grad(gpt.loss)(params, tokens, cfg)
-    block = Block(cfg)
-
-    def layer(h, p):
-        h = block.apply({"params": p}, h)
-        return h, h
-
-    _, acts = jax.lax.scan(layer, gpt.embed(params, tokens[:, :-1], cfg), params["blocks"])
-    leaves = lambda tree: [np.asarray(a, np.float32) for a in jax.tree.leaves(tree)]  # noqa: E731
-    return {
-        "gpt weights": leaves(params),
-        "gpt gradients": leaves(grads),
-        "gpt activations": list(np.asarray(acts, np.float32)),
-    }
-
-
 def ratio_sets(n: int, quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
     """Data set name -> float32 arrays."""
     rng = np.random.default_rng(seed)
@@ -351,6 +326,9 @@ def main(argv=None) -> None:
     print_table("MPC compression ratio (lossless)", columns, rows, notes)
     tables["mpc_ratio"] = markdown_table(columns, rows, notes)
 
+    acc = accuracy.run(args.quick, args.n, args.repeats, args.dtypes)
+    tables["accuracy"] = acc["markdown"]
+
     out = args.out or f"bench/results/codecs{'_quick' if args.quick else ''}.json"
     write_json(
         out,
@@ -362,6 +340,7 @@ def main(argv=None) -> None:
             "throughput": records,
             "decode_sum": sums,
             "mpc_ratio": ratios,
+            "accuracy": {"records": acc["records"], "speed": acc["speed"]},
             "markdown": tables,
         },
     )

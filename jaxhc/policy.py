@@ -13,8 +13,9 @@ YAML form (``configs/policy/zhybrid.yaml``)::
       tensor: {codec: zfp, rate: 16, act: "zfp:24"}   # per-kind override
       pipe:   "zfp:16"
 
-A codec entry is a spec string (``"zfp:8"``, ``"mpc:0.8"``, ``"none"`` = the identity codec
-through jaxhc's algorithms), a mapping ``{codec: zfp|mpc|none, rate:, budget:, dim:}``, or
+A codec entry is a spec string (``"zfp:8"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` = the identity
+codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:, block:, budget:,
+dim:}``, or
 ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from jaxhc.codecs import Codec, Identity, Mpc, Zfp, parse
+from jaxhc.codecs import Codec, Identity, Mpc, Quant, Zfp, parse
 
 KINDS = ("grad", "param", "act")
 MPC_BUDGET = 0.95
@@ -51,7 +52,7 @@ class Policy:
     >>> from jaxhc import Policy
     >>> p = Policy.preset("mzhybrid")
     >>> p.codec_for("tensor"), p.codec_for("data", "grad")
-    (Mpc(dim=1, budget=0.95), Zfp(rate=8))
+    (Mpc(dim=1, budget=0.95), Zfp(rate=8.0))
     """
 
     name: str = "custom"
@@ -68,7 +69,8 @@ class Policy:
         """The codec for traffic of `kind` over `axis_name` (a name or a tuple of names).
 
         For a tuple of axes the most faithful of their codecs wins (plain lax, then the identity,
-        MPC, and ZFP by decreasing rate), so compression never goes below what any axis asks.
+        MPC, then the lossy codecs by decreasing bits per value: ZFP's rate, q8/q4's
+        ``bits_per_value``), so compression never goes below what any axis asks.
         """
         if kind is not None and kind not in KINDS:
             raise ValueError(f"unknown traffic kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -148,6 +150,8 @@ def _fidelity(codec: Codec | None) -> float:
         return 2.0
     if isinstance(codec, Zfp):
         return 1.0 + codec.rate / 1000.0
+    if isinstance(codec, Quant):
+        return 1.0 + codec.bits_per_value / 1000.0
     return 0.0
 
 
@@ -175,10 +179,12 @@ def _codec(entry: Any, where: str) -> Codec | None:
                 if "rate" not in entry:
                     raise ValueError("zfp needs a 'rate'")
                 codec = Zfp(rate=entry.pop("rate"))
+            elif kind in ("q8", "q4"):
+                codec = Quant(bits=int(kind[1:]), block=entry.pop("block", 256))
             elif kind == "mpc":
                 codec = Mpc(dim=entry.pop("dim", 1), budget=entry.pop("budget", MPC_BUDGET))
             else:
-                raise ValueError(f"unknown codec {kind!r}: use zfp, mpc, none or off")
+                raise ValueError(f"unknown codec {kind!r}: use zfp, q8, q4, mpc, none or off")
         except ValueError as e:
             raise ValueError(f"{where}.codec: {e}") from None
         if entry:
@@ -216,4 +222,5 @@ PRESETS: dict[str, dict] = {
         "axes": {"data": "zfp:8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}
     },
     "zhybrid": {"axes": {"data": "zfp:8", "tensor": "zfp:16", "pipe": "zfp:16"}},
+    "qhybrid": {"axes": {"data": "q8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}},
 }

@@ -61,6 +61,7 @@ CODECS = {
     "mpc": "mpc",
     "mpc0.9": "mpc:0.9",
     "zfp8": "zfp:8",
+    "q8": "q8",  # no fused MPI call: the unfused algorithms over the MPI transport
 }
 _STUB_ERRORS = ("not built yet", "UNIMPLEMENTED", "Wrong number of results")
 

@@ -110,6 +110,7 @@ MESHES_OF = {
     "mpc": [(2,), (4,), (2, 2), (1, 2, 2)],
     "mpc0.9": [(2,), (2, 2)],
     "zfp8": [(2,), (4,), (2, 2), (1, 2, 2)],
+    "q8": [(2,), (2, 2)],
 }
 
 
@@ -129,7 +130,7 @@ def test_collectives_match_xla(shape, codec):
     _compare(shape, "collectives", codec, h.global_input(shape))
 
 
-@pytest.mark.parametrize(("shape", "codec"), _cases(["finite", "mpc0.9", "zfp8"]))
+@pytest.mark.parametrize(("shape", "codec"), _cases(["finite", "mpc0.9", "zfp8", "q8"]))
 def test_fallback_agreed_across_ranks(shape, codec):
     """A NaN on the last rank only: every rank takes the raw branch (no deadlock), as XLA does."""
     _need(shape)

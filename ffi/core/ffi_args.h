@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "core/mpc.h"
+#include "core/quant.h"
+#include "core/rows.h"
 #include "core/zfp.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -45,21 +47,12 @@ std::string check_decode_args(xla::ffi::AnyBuffer payload, xla::ffi::AnyBuffer x
 template <typename Scalar>
 std::string check_decode_sum_args(xla::ffi::AnyBuffer payloads, xla::ffi::AnyBuffer x,
                                   int64_t maxbits, Rows* r, uint64_t* parts) {
-  auto pd = payloads.dimensions(), xd = x.dimensions();
-  if (pd.size() < 2 || pd.size() != xd.size() + 1)
-    return "payloads " + dims_str(pd) + " must be [..., parts, bytes] for values " +
-           dims_str(xd) + " [..., n]";
-  std::vector<int64_t> rows(pd.begin(), pd.end() - 2), one(rows);
-  rows.push_back(pd.back());
-  one.push_back(xd.back());
-  std::string err = check_rows<Scalar>(one, rows, static_cast<const std::vector<int64_t>*>(nullptr),
-                                       maxbits, r);
+  std::vector<int64_t> rows, one;
+  std::string err = split_sum_dims(payloads.dimensions(), x.dimensions(), &rows, &one, parts);
+  if (err.empty())
+    err = check_rows<Scalar>(one, rows, static_cast<const std::vector<int64_t>*>(nullptr), maxbits,
+                             r);
   if (!err.empty()) return err;
-  for (size_t i = 0; i + 1 < xd.size(); i++)
-    if (pd[i] != xd[i])
-      return "payloads " + dims_str(pd) + " and values " + dims_str(xd) + " differ in batch dims";
-  *parts = static_cast<uint64_t>(pd[pd.size() - 2]);
-  if (*parts == 0) return "payloads " + dims_str(pd) + " hold no parts to sum";
   if (payloads.element_type() != xla::ffi::DataType::U8) return "payloads must be uint8";
   if (!aligned8(payloads.untyped_data())) return "payloads buffer is not 8-byte aligned";
   return "";
@@ -142,4 +135,59 @@ inline std::string check_decode_args(xla::ffi::AnyBuffer payload, xla::ffi::AnyB
 }
 
 }  // namespace mpc
+namespace quant {
+
+inline std::string check_params(int64_t bits, int64_t block) {
+  if (!valid_bits(bits)) return "bits " + std::to_string(bits) + " must be 8 or 4";
+  if (!valid_block(block))
+    return "block " + std::to_string(block) + " must be a multiple of 8 in 8.." +
+           std::to_string(kMaxBlock);
+  return "";
+}
+
+template <typename Dims>
+std::string check_rows(const Dims& values, const Dims& payload, const Dims* flags, int64_t bits,
+                       int64_t block, Rows* r) {
+  if (std::string err = check_params(bits, block); !err.empty()) return err;
+  auto bytes = [&](uint64_t n) { return payload_bytes(n, int(bits), uint64_t(block)); };
+  return check_row_shapes(values, payload, flags, bytes,
+                          "at q" + std::to_string(bits) + " block " + std::to_string(block), r);
+}
+
+inline std::string check_encode_args(xla::ffi::AnyBuffer x, xla::ffi::AnyBuffer payload,
+                                     xla::ffi::AnyBuffer ok, int64_t bits, int64_t block,
+                                     Rows* r) {
+  auto od = ok.dimensions();
+  std::string err = check_rows(x.dimensions(), payload.dimensions(), &od, bits, block, r);
+  if (!err.empty()) return err;
+  if (payload.element_type() != xla::ffi::DataType::U8 ||
+      ok.element_type() != xla::ffi::DataType::PRED)
+    return "results must be (uint8 payload, bool ok)";
+  if (!aligned8(payload.untyped_data())) return "payload buffer is not 8-byte aligned";
+  return "";
+}
+
+// Payloads [..., parts, bytes] into values [..., n]; decode is parts = 1 without its dimension.
+inline std::string check_decode_args(xla::ffi::AnyBuffer payloads, xla::ffi::AnyBuffer x,
+                                     bool sum, int64_t bits, int64_t block, Rows* r,
+                                     uint64_t* parts) {
+  std::string err;
+  *parts = 1;
+  if (sum) {
+    std::vector<int64_t> rows, one;
+    err = split_sum_dims(payloads.dimensions(), x.dimensions(), &rows, &one, parts);
+    if (err.empty())
+      err = check_rows(one, rows, static_cast<const std::vector<int64_t>*>(nullptr), bits, block,
+                       r);
+  } else {
+    err = check_rows(x.dimensions(), payloads.dimensions(),
+                     static_cast<const xla::ffi::AnyBuffer::Dimensions*>(nullptr), bits, block, r);
+  }
+  if (!err.empty()) return err;
+  if (payloads.element_type() != xla::ffi::DataType::U8) return "payload must be uint8";
+  if (!aligned8(payloads.untyped_data())) return "payload buffer is not 8-byte aligned";
+  return "";
+}
+
+}  // namespace quant
 }  // namespace jaxhc

@@ -20,6 +20,7 @@
 
 #include "core/common.h"
 #include "core/floats.h"
+#include "core/rows.h"
 #include "core/zfp_planes.h"
 
 namespace jaxhc {
@@ -312,22 +313,11 @@ JAXHC_HD void load_block_bits(const uint64_t* words, uint64_t nwords, uint64_t b
   for (int i = 1; 64 * i < maxbits; i++) in[i] = stream_bits(words, nwords, pos + 64 * i);
 }
 
+using ::jaxhc::Rows;
+
 // Host side of both modules: the rows of one call checked against the buffer contract of
 // ffi/cpu/handlers.h (values [..., n], payload [..., payload_bytes(n)], flags [...] for encode).
 // Dims: anything with size() and operator[] (ffi::Span). Returns an error message, "" if valid.
-struct Rows {
-  uint64_t rows = 1;   // product of the leading (batch) dimensions
-  uint64_t n = 0;      // values per row
-  uint64_t bytes = 0;  // payload bytes per row
-};
-
-template <typename Dims>
-std::string dims_str(const Dims& d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); i++) s += (i ? "," : "") + std::to_string(d[i]);
-  return s + "]";
-}
-
 template <typename Scalar, typename Dims>
 std::string check_rows(const Dims& values, const Dims& payload, const Dims* flags, int64_t maxbits,
                        Rows* r) {
@@ -336,25 +326,9 @@ std::string check_rows(const Dims& values, const Dims& payload, const Dims* flag
     return "maxbits " + std::to_string(maxbits) + " is out of range " +
            std::to_string(F::kMinBits) + ".." + std::to_string(F::kMaxBits) + " for float" +
            std::to_string(F::kIntPrec);
-  size_t rank = values.size();
-  if (rank == 0) return "values must have at least one dimension, got a scalar";
-  *r = Rows{};
-  for (size_t i = 0; i + 1 < rank; i++) r->rows *= static_cast<uint64_t>(values[i]);
-  r->n = static_cast<uint64_t>(values[rank - 1]);
-  r->bytes = payload_bytes(r->n, static_cast<uint32_t>(maxbits));
-  bool ok = payload.size() == rank && static_cast<uint64_t>(payload[rank - 1]) == r->bytes;
-  for (size_t i = 0; ok && i + 1 < rank; i++) ok = payload[i] == values[i];
-  if (!ok)
-    return "payload shape " + dims_str(payload) + " does not fit values " + dims_str(values) +
-           " at maxbits " + std::to_string(maxbits) + ": need [..., " +
-           std::to_string(r->bytes) + "]";
-  if (flags) {
-    ok = flags->size() + 1 == rank;
-    for (size_t i = 0; ok && i + 1 < rank; i++) ok = (*flags)[i] == values[i];
-    if (!ok)
-      return "finite shape " + dims_str(*flags) + " must be the batch dims of " + dims_str(values);
-  }
-  return "";
+  auto bytes = [&](uint64_t n) { return payload_bytes(n, static_cast<uint32_t>(maxbits)); };
+  return check_row_shapes(values, payload, flags, bytes, "at maxbits " + std::to_string(maxbits),
+                          r);
 }
 
 }  // namespace zfp

@@ -11,6 +11,13 @@
 //   jaxhc_zfp_decode_sum  payloads: U8 [..., P, bytes]  attrs: maxbits
 //                     -> x: F32|F64|BF16|F16 [..., n]: the P decoded rows, each rounded to x's
 //                        type, added in order 0..P-1 in float32 (float64 for F64), then rounded
+//   jaxhc_quant_encode  x: F32|BF16|F16 [..., n]  attrs: bits (8 or 4), block (multiple of 8)
+//                     -> payload: U8 [..., quant_payload_bytes(n, bits, block)], ok: PRED [...]
+//                        (ok: every value finite; format in core/quant.h)
+//   jaxhc_quant_decode  payload: U8 [..., bytes]  attrs: bits, block  -> x: F32|BF16|F16 [..., n]
+//   jaxhc_quant_decode_sum  payloads: U8 [..., P, bytes]  attrs: bits, block
+//                     -> x [..., n]: as jaxhc_zfp_decode_sum (rows rounded to x's type, added in
+//                        order 0..P-1 in float32, rounded)
 //   jaxhc_mpc_encode  x: W [..., n]                attrs: dim (1..64)
 //                     W: any 16/32/64-bit int or float type; only its bits are coded
 //                     -> payload: U8 [..., capacity], nbytes: S32 [...]  (nbytes > capacity: over budget),
@@ -26,6 +33,9 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpEncodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpDecodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcZfpDecodeSumCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcQuantEncodeCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcQuantDecodeCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcQuantDecodeSumCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcEncodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcDecodeCpu);
 

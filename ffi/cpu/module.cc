@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "core/mpc.h"
+#include "core/quant.h"
 #include "core/zfp.h"
 #include "cpu/handlers.h"
 #include "cpu/parallel.h"
+#include "cpu/quant_kernels.h"
 #include "cpu/zfp_kernels.h"
 
 namespace nb = nanobind;
@@ -75,6 +77,9 @@ NB_MODULE(_jaxhc_cpu, m) {
     d["jaxhc_zfp_encode"] = Capsule(JaxhcZfpEncodeCpu);
     d["jaxhc_zfp_decode"] = Capsule(JaxhcZfpDecodeCpu);
     d["jaxhc_zfp_decode_sum"] = Capsule(JaxhcZfpDecodeSumCpu);
+    d["jaxhc_quant_encode"] = Capsule(JaxhcQuantEncodeCpu);
+    d["jaxhc_quant_decode"] = Capsule(JaxhcQuantDecodeCpu);
+    d["jaxhc_quant_decode_sum"] = Capsule(JaxhcQuantDecodeSumCpu);
     d["jaxhc_mpc_encode"] = Capsule(JaxhcMpcEncodeCpu);
     d["jaxhc_mpc_decode"] = Capsule(JaxhcMpcDecodeCpu);
     return d;
@@ -104,6 +109,22 @@ NB_MODULE(_jaxhc_cpu, m) {
         return names;
       },
       "ZFP kernels this CPU runs, fastest first (JAXHC_ZFP_KERNEL picks one; default the first).");
+  m.def(
+      "quant_payload_bytes",
+      [](uint64_t n, int bits, uint64_t block) {
+        return jaxhc::quant::payload_bytes(n, bits, block);
+      },
+      nb::arg("n"), nb::arg("bits"), nb::arg("block"),
+      "Bytes of a q8/q4 payload of n values: float32 scales, codes, zeros to a multiple of 8.");
+  m.def(
+      "quant_kernels",
+      []() {
+        nb::list names;
+        for (auto k : {jaxhc::quant::Kernel::kAvx2, jaxhc::quant::Kernel::kPortable})
+          if (jaxhc::quant::kernel_supported(k)) names.append(jaxhc::quant::kernel_name(k));
+        return names;
+      },
+      "q8/q4 kernels this CPU runs, fastest first (JAXHC_QUANT_KERNEL picks one).");
   m.def("mpc_header_bytes", &jaxhc::mpc::header_bytes, nb::arg("n"), nb::arg("word_bytes"),
         "Bytes of the MPC payload header (and chunk table) for n words of word_bytes each.");
   m.def("mpc_max_payload_bytes", &jaxhc::mpc::max_payload_bytes, nb::arg("n"),

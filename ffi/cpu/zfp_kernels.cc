@@ -15,17 +15,12 @@
 #include <vector>
 
 #include "core/zfp.h"
+#include "cpu/fp_mode.h"
 #include "cpu/memory.h"
 #include "cpu/parallel.h"
 #include "cpu/zfp_avx2.h"
 #include "cpu/zfp_avx512.h"
 #include "cpu/zfp_blocks.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#else
-#include <cfenv>
-#endif
 
 namespace jaxhc {
 namespace zfp {
@@ -116,38 +111,6 @@ Loops loops(Kernel k, Elem type, int maxbits) {
 }
 
 size_t elem_bytes(Elem type) { return type == Elem::kF64 ? 8 : type == Elem::kF32 ? 4 : 2; }
-
-// The floating-point mode (MXCSR: flush-to-zero, denormals-are-zero, rounding) of the thread that
-// called, applied in the threads that do the work for it, so decode_sum adds as it would.
-class FpMode {
- public:
-#if defined(__x86_64__)
-  FpMode() : csr_(_mm_getcsr()) {}
-  template <typename Fn>
-  void run(Fn&& fn) const {
-    unsigned saved = _mm_getcsr();
-    _mm_setcsr(csr_);
-    fn();
-    _mm_setcsr(saved);
-  }
-
- private:
-  unsigned csr_;
-#else
-  FpMode() { fegetenv(&env_); }
-  template <typename Fn>
-  void run(Fn&& fn) const {
-    fenv_t saved;
-    fegetenv(&saved);
-    fesetenv(&env_);
-    fn();
-    fesetenv(&saved);
-  }
-
- private:
-  fenv_t env_;
-#endif
-};
 
 constexpr uint64_t kGrainBlocks =
     16384;  // blocks per thread at least (thread start-up ~ tens of us)

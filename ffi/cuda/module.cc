@@ -19,6 +19,9 @@ NB_MODULE(_jaxhc_cuda, m) {
     d["jaxhc_zfp_encode"] = Capsule(JaxhcZfpEncodeCuda);
     d["jaxhc_zfp_decode"] = Capsule(JaxhcZfpDecodeCuda);
     d["jaxhc_zfp_decode_sum"] = Capsule(JaxhcZfpDecodeSumCuda);
+    d["jaxhc_quant_encode"] = Capsule(JaxhcQuantEncodeCuda);
+    d["jaxhc_quant_decode"] = Capsule(JaxhcQuantDecodeCuda);
+    d["jaxhc_quant_decode_sum"] = Capsule(JaxhcQuantDecodeSumCuda);
     d["jaxhc_mpc_encode"] = Capsule(JaxhcMpcEncodeCuda);
     d["jaxhc_mpc_decode"] = Capsule(JaxhcMpcDecodeCuda);
     return d;

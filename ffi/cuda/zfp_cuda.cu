@@ -18,6 +18,7 @@
 #include "core/ffi_args.h"
 #include "core/zfp.h"
 #include "cuda/handlers.h"
+#include "cuda/launch.h"
 
 namespace ffi = xla::ffi;
 
@@ -26,12 +27,10 @@ namespace {
 using jaxhc::zfp::Format;
 using jaxhc::zfp::Rows;
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(uint64_t items) {  // kernels loop over the rest (grid-stride)
-  uint64_t blocks = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < (1u << 20) ? blocks : (1u << 20));
-}
+using jaxhc::cuda::grid_for;
+using jaxhc::cuda::invalid;
+using jaxhc::cuda::kThreads;
+using jaxhc::cuda::launched;
 
 template <typename T>
 __global__ void encode_kernel(const T* x, uint64_t* payload, bool* finite, Rows r, int maxbits) {
@@ -95,35 +94,13 @@ __global__ void decode_sum_kernel(const uint64_t* payload, uint64_t parts, T* x,
   }
 }
 
-ffi::Error invalid(const char* op, const std::string& msg) {
-  return ffi::Error::InvalidArgument(std::string(op) + ": " + msg);
-}
-
-ffi::Error launched(const char* op) {
-  cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kInternal, std::string(op) + ": " + cudaGetErrorString(err));
-}
-
-// Calls fn(T{}) with T the element type of t (float, double, Bf16, F16); false for others.
-template <typename Fn>
-bool with_elem(ffi::DataType t, Fn&& fn) {
-  switch (t) {
-    case ffi::DataType::F32: fn(float{}); return true;
-    case ffi::DataType::F64: fn(double{}); return true;
-    case ffi::DataType::BF16: fn(jaxhc::Bf16{}); return true;
-    case ffi::DataType::F16: fn(jaxhc::F16{}); return true;
-    default: return false;
-  }
-}
-
 constexpr const char* kTypes = "values must be float32, float64, bfloat16 or float16";
 
 ffi::Error ZfpEncode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
                      ffi::Result<ffi::AnyBuffer> finite, int64_t maxbits) {
   const char* op = "jaxhc_zfp_encode";
   ffi::Error result = ffi::Error::Success();
-  bool known = with_elem(x.element_type(), [&](auto t) {
+  bool known = jaxhc::cuda::with_elem<true>(x.element_type(), [&](auto t) {
     using T = decltype(t);
     using Scalar = typename jaxhc::Elems<T>::Coded;
     Rows r;
@@ -145,7 +122,7 @@ ffi::Error ZfpDecode(cudaStream_t stream, ffi::AnyBuffer payload, ffi::Result<ff
                      int64_t maxbits) {
   const char* op = "jaxhc_zfp_decode";
   ffi::Error result = ffi::Error::Success();
-  bool known = with_elem(x->element_type(), [&](auto t) {
+  bool known = jaxhc::cuda::with_elem<true>(x->element_type(), [&](auto t) {
     using T = decltype(t);
     Rows r;
     std::string err = jaxhc::zfp::check_decode_args<typename jaxhc::Elems<T>::Coded>(
@@ -165,7 +142,7 @@ ffi::Error ZfpDecodeSum(cudaStream_t stream, ffi::AnyBuffer payloads,
                         ffi::Result<ffi::AnyBuffer> x, int64_t maxbits) {
   const char* op = "jaxhc_zfp_decode_sum";
   ffi::Error result = ffi::Error::Success();
-  bool known = with_elem(x->element_type(), [&](auto t) {
+  bool known = jaxhc::cuda::with_elem<true>(x->element_type(), [&](auto t) {
     using T = decltype(t);
     Rows r;
     uint64_t parts = 0;

@@ -1,4 +1,5 @@
-"""Codecs for compressed collectives: lossy fixed-rate ZFP, lossless MPC, and the identity.
+"""Codecs for compressed collectives: lossy fixed-rate ZFP, lossy block quantization (q8/q4),
+lossless MPC, and the identity.
 
 Every codec compresses the flattened array into a payload whose size is static (it depends on the
 element count and dtype only), so encode and decode are XLA FFI custom calls usable under `jit`,
@@ -9,8 +10,9 @@ from jaxhc.codecs._base import Codec as Codec
 from jaxhc.codecs._base import Encoded as Encoded
 from jaxhc.codecs._identity import Identity as Identity
 from jaxhc.codecs._mpc import Mpc as Mpc
+from jaxhc.codecs._quant import Quant as Quant
 from jaxhc.codecs._spec import CodecLike as CodecLike
 from jaxhc.codecs._spec import parse as parse
 from jaxhc.codecs._zfp import Zfp as Zfp
 
-__all__ = ["Codec", "CodecLike", "Encoded", "Identity", "Mpc", "Zfp", "parse"]
+__all__ = ["Codec", "CodecLike", "Encoded", "Identity", "Mpc", "Quant", "Zfp", "parse"]

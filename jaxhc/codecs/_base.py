@@ -65,6 +65,19 @@ class Codec(abc.ABC):
             acc = acc + rows[j].astype(acc_dtype)
         return acc.astype(dtype)
 
+    def check_payloads(self, payloads: jax.Array, n, dtype) -> int:
+        """Check the (P, payload_bytes(n)) payloads of `decode_sum`, P >= 1; returns int(n)."""
+        n = int(n)
+        size = self.payload_bytes(n, dtype)
+        if payloads.dtype != jnp.uint8 or payloads.ndim != 2 or payloads.shape[1] != size:
+            raise ValueError(
+                f"codec {self.spec!r}: payloads must be uint8[P, {size}] for {n} values, "
+                f"got {payloads.dtype}{list(payloads.shape)}"
+            )
+        if payloads.shape[0] == 0:
+            raise ValueError(f"codec {self.spec!r}: decode_sum needs at least one payload")
+        return n
+
     def supports(self, dtype) -> bool:
         """Whether this codec compresses `dtype` (collectives send other dtypes raw)."""
         return jnp.dtype(dtype) in [jnp.dtype(d) for d in FLOAT_DTYPES]

@@ -1,10 +1,12 @@
-"""Codec spec strings: "none", "zfp:8", "zfp:12.5", "mpc", "mpc:0.8", "mpc:0.8:dim=2"."""
+"""Codec spec strings: "none", "zfp:8", "zfp:12.5", "mpc", "mpc:0.8", "mpc:0.8:dim=2", "q8",
+"q4", "q8:b128"."""
 
 from __future__ import annotations
 
 from jaxhc.codecs._base import Codec
 from jaxhc.codecs._identity import Identity
 from jaxhc.codecs._mpc import Mpc
+from jaxhc.codecs._quant import parse_quant
 from jaxhc.codecs._zfp import Zfp
 
 CodecLike = Codec | str | None
@@ -14,8 +16,8 @@ def parse(spec: CodecLike) -> Codec | None:
     """Turn a spec string into a codec; a Codec passes through, None stays None (plain lax).
 
     >>> from jaxhc.codecs import parse
-    >>> parse("zfp:8"), parse("mpc:0.8"), parse("none")
-    (Zfp(rate=8.0), Mpc(dim=1, budget=0.8), Identity())
+    >>> parse("zfp:8"), parse("mpc:0.8"), parse("none"), parse("q8:b128")
+    (Zfp(rate=8.0), Mpc(dim=1, budget=0.8), Identity(), Quant(bits=8, block=128))
     """
     if spec is None or isinstance(spec, Codec):
         return spec
@@ -37,8 +39,11 @@ def parse(spec: CodecLike) -> Codec | None:
                 else:
                     budget = float(a)
             return Mpc(dim=dim, budget=budget)
+        if name in ("q8", "q4"):
+            return parse_quant(name, args)
     except ValueError as e:
         raise ValueError(f"bad codec spec {spec!r}: {e}") from None
     raise ValueError(
-        f"bad codec spec {spec!r}: use 'none', 'zfp:<rate>', 'mpc' or 'mpc:<budget>[:dim=<d>]'"
+        f"bad codec spec {spec!r}: use 'none', 'zfp:<rate>', 'mpc[:<budget>][:dim=<d>]', "
+        "'q8[:b<block>]' or 'q4[:b<block>]'"
     )

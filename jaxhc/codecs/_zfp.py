@@ -5,14 +5,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxhc import _native
-from jaxhc._compat import like
-from jaxhc.codecs._base import Codec, Encoded, num_elements
-from jaxhc.codecs._identity import _check_payload
+from jaxhc.codecs._fixed import FixedSizeCodec
 
 # zfp's exponent bits per block (a block must hold at least 1 + EBITS bits).
 _EBITS = {jnp.dtype(jnp.float32): 8, jnp.dtype(jnp.float64): 11}
@@ -21,7 +18,7 @@ MIN_RATE = 3
 
 
 @dataclasses.dataclass(frozen=True)
-class Zfp(Codec):
+class Zfp(FixedSizeCodec):
     """Fixed-rate ZFP: each block of 4 consecutive values is coded in exactly round(4 * rate) bits.
 
     The stream of a 1-D float32/float64 array is byte-identical to
@@ -40,7 +37,7 @@ class Zfp(Codec):
     """
 
     rate: float
-    lossless = False
+    kernel = "zfp"
 
     def __post_init__(self):
         rate = self.rate
@@ -74,60 +71,8 @@ class Zfp(Codec):
     def payload_bytes(self, n: int, dtype) -> int:
         return int(_native.cpu.zfp_payload_bytes(int(n), self.maxbits(dtype)))
 
-    def encode(self, x: jax.Array) -> Encoded:
-        flat = x.reshape(-1)
-        n = flat.shape[0]
-        if n == 0:
-            raise ValueError("zfp cannot encode an empty array")
-        size = self.payload_bytes(n, x.dtype)
-        payload, finite = jax.ffi.ffi_call(
-            "jaxhc_zfp_encode",
-            (jax.ShapeDtypeStruct((size,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)),
-            vmap_method="broadcast_all",
-        )(flat, maxbits=self.maxbits(x.dtype))
-        return like(Encoded(payload, finite, jnp.asarray(size, jnp.int32)), x)
-
-    def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:
-        dtype = self.check_dtype(dtype)
-        n = num_elements(shape)
-        _check_payload(self, payload, self.payload_bytes(n, dtype))
-        flat = jax.ffi.ffi_call(
-            "jaxhc_zfp_decode",
-            jax.ShapeDtypeStruct((n,), dtype),
-            vmap_method="broadcast_all",
-        )(payload, maxbits=self.maxbits(dtype))
-        return like(flat, payload).reshape(shape)
-
-    def decode_sum(self, payloads: jax.Array, n: int, dtype) -> jax.Array:
-        """The values of the payloads (P, payload_bytes(n)) added in order 0..P-1: (n,) of dtype.
-
-        Bit for bit `Codec.decode_sum` (decode each payload to `dtype`, add the rows in rank
-        order in float32 (float64 stays float64), round to `dtype`), in one pass without the P
-        decoded rows.
-
-        >>> import jax.numpy as jnp
-        >>> from jaxhc.codecs import Zfp
-        >>> codec = Zfp(rate=8)
-        >>> rows = jnp.stack([codec.encode(jnp.full(10, v, jnp.float32)).payload for v in (1, 2)])
-        >>> codec.decode_sum(rows, 10, jnp.float32)[:3]
-        Array([3., 3., 3.], dtype=float32)
-        """
-        dtype = self.check_dtype(dtype)
-        n = int(n)
-        size = self.payload_bytes(n, dtype)
-        if payloads.dtype != jnp.uint8 or payloads.ndim != 2 or payloads.shape[1] != size:
-            raise ValueError(
-                f"codec {self.spec!r}: payloads must be uint8[P, {size}] for {n} values, "
-                f"got {payloads.dtype}{list(payloads.shape)}"
-            )
-        if payloads.shape[0] == 0:
-            raise ValueError(f"codec {self.spec!r}: decode_sum needs at least one payload")
-        total = jax.ffi.ffi_call(
-            "jaxhc_zfp_decode_sum",
-            jax.ShapeDtypeStruct((n,), dtype),
-            vmap_method="broadcast_all",
-        )(payloads, maxbits=self.maxbits(dtype))
-        return like(total, payloads)
+    def ffi_attrs(self, dtype) -> dict:
+        return {"maxbits": self.maxbits(dtype)}
 
     def encode_numpy(self, x) -> tuple[bytes, bool]:
         """Host (numpy) encode of a 1-D float32/float64 array: (stream, all finite).

@@ -1,0 +1,40 @@
+"""Data sets of the codec benchmarks: jaxhc's own GPT tensors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["gpt_sets"]
+
+
+def gpt_sets(quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
+    """jaxhc's GPT at init: weights, gradients of one corpus batch, residual stream per block."""
+    from jaxhc.data import Batches, corpus_bytes
+    from jaxhc.model import GPTConfig, gpt
+    from jaxhc.model.layers import Block
+
+    cfg = GPTConfig(
+        vocab_size=256,
+        block_size=64 if quick else 128,
+        n_layer=2 if quick else 4,
+        n_head=4,
+        n_embd=128 if quick else 256,
+    )
+    params = gpt.init_params(cfg, seed)
+    tokens = jnp.asarray(Batches(corpus_bytes(), 4 if quick else 16, cfg.block_size, seed).train(0))
+    grads = jax.grad(gpt.loss)(params, tokens, cfg)
+    block = Block(cfg)
+
+    def layer(h, p):
+        h = block.apply({"params": p}, h)
+        return h, h
+
+    _, acts = jax.lax.scan(layer, gpt.embed(params, tokens[:, :-1], cfg), params["blocks"])
+    leaves = lambda tree: [np.asarray(a, np.float32) for a in jax.tree.leaves(tree)]  # noqa: E731
+    return {
+        "gpt weights": leaves(params),
+        "gpt gradients": leaves(grads),
+        "gpt activations": list(np.asarray(acts, np.float32)),
+    }

@@ -1,0 +1,75 @@
+"""A numpy oracle of the q8/q4 block quantizer (the rule of ffi/core/quant.h, written again).
+
+Per block of `block` values: absmax over |x| as bits; a block whose absmax is not finite or below
+2^-100 is a zero block; else scale = absmax / Q, inv = Q / absmax (float32, correctly rounded),
+code = rint(x * inv) (half to even), decoded value = code * scale, rounded to the output type.
+Payload: float32 scales, then int8 codes (8 bits) or two's-complement nibbles, low nibble first
+(4 bits), zero-padded to a multiple of 8 bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TINY_BITS = 27 << 23  # 2^-100
+INF_BITS = 0x7F800000
+
+
+def qmax(bits: int) -> int:
+    return (1 << (bits - 1)) - 1
+
+
+def payload_bytes(n: int, bits: int, block: int) -> int:
+    blocks = -(-n // block)
+    return -(-(4 * blocks + -(-n * bits // 8)) // 8) * 8
+
+
+def encode(x, bits: int, block: int) -> tuple[bytes, bool]:
+    """(payload bytes, every value finite) of the flattened x (float32, bfloat16 or float16)."""
+    x32 = np.asarray(x).astype(np.float32).reshape(-1)  # exact widening
+    n = x32.size
+    blocks = -(-n // block)
+    padded = np.zeros(blocks * block, np.float32)
+    padded[:n] = x32
+    rows = padded.reshape(blocks, block)
+    amax_bits = (rows.view(np.uint32) & 0x7FFFFFFF).max(axis=1)
+    zero = (amax_bits >= INF_BITS) | (amax_bits < TINY_BITS)
+    amax = np.where(zero, np.uint32(0x3F800000), amax_bits).astype(np.uint32).view(np.float32)
+    q = np.float32(qmax(bits))
+    scale = np.where(zero, np.float32(0), amax / q).astype(np.float32)
+    inv = np.where(zero, np.float32(0), q / amax).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        codes = np.rint(rows * inv[:, None])
+    codes = np.where(zero[:, None], 0, codes).astype(np.int8).reshape(-1)[:n]
+    if bits == 8:
+        code_bytes = codes.view(np.uint8)
+    else:
+        nib = (codes.astype(np.uint8) & 0x0F).astype(np.uint8)
+        if n % 2:
+            nib = np.append(nib, np.uint8(0))
+        code_bytes = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8)
+    out = scale.tobytes() + code_bytes.tobytes()
+    out += b"\0" * (payload_bytes(n, bits, block) - len(out))
+    return out, bool((amax_bits < INF_BITS).all())
+
+
+def decode(payload: bytes, n: int, bits: int, block: int, dtype=np.float32) -> np.ndarray:
+    """The n values of a payload, as float32 products rounded to `dtype`."""
+    blocks = -(-n // block)
+    buf = np.frombuffer(bytes(payload), np.uint8)
+    scale = buf[: 4 * blocks].view(np.float32)
+    raw = buf[4 * blocks :]
+    if bits == 8:
+        codes = raw[:n].view(np.int8).astype(np.int32)
+    else:
+        nib = np.stack([raw & 0x0F, raw >> 4], axis=1).reshape(-1)[:n].astype(np.int32)
+        codes = np.where(nib >= 8, nib - 16, nib)
+    values = codes.astype(np.float32) * np.repeat(scale, block)[:n]
+    return values.astype(dtype)
+
+
+def round_trip(x, bits: int, block: int) -> np.ndarray:
+    """decode(encode(x)) in x's dtype and shape (the values a collective delivers for x)."""
+    x = np.asarray(x)
+    payload, _ = encode(x, bits, block)
+    return decode(payload, x.size, bits, block, x.dtype).reshape(x.shape)
