@@ -5,6 +5,11 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+try:  # a linear function with a custom transpose (public since jax 0.2; kept by 0.10)
+    from jax.custom_derivatives import linear_call as linear_call
+except ImportError:  # pragma: no cover - other jax versions
+    from jax._src.custom_derivatives import linear_call as linear_call
+
 AxisName = str | tuple[str, ...]
 
 
