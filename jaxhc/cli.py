@@ -21,11 +21,22 @@ LOG_EVERY_HELP = (
 )
 
 
-def host_devices(cfg) -> int:
+def host_devices(cfg, env=None) -> int:
     """The devices this process needs: one per process under ``--transport mpi`` (mpirun starts
     a process per mesh device), the whole mesh otherwise (the XLA loop runs every mesh device in
-    this process)."""
-    return 1 if cfg.transport == "mpi" else cfg.mesh.size
+    this process). Under mpirun the XLA loop would train the whole mesh in every process, all
+    into one run directory: a one-line error instead."""
+    from jaxhc.launch import ProcessEnv
+
+    if cfg.transport == "mpi":
+        return 1
+    env = env or ProcessEnv.from_env()
+    if env.source == "mpirun" and env.multi_process:
+        raise ValueError(
+            f"started by mpirun as {env.num_processes} processes with transport=xla: "
+            "pass --transport mpi (one process per mesh device)"
+        )
+    return cfg.mesh.size
 
 
 def _train_parser(sub) -> None:

@@ -98,3 +98,16 @@ def test_a_live_bar_only_on_a_terminal(monkeypatch):
     assert type(Progress(enabled=False).reporter(3, 0, 1)).__name__ == "Reporter"
     with pytest.raises(ValueError, match="log_every=0 must be >= 1"):
         Progress(log_every=0)
+
+
+def test_devices_per_process_follow_the_transport():
+    from jaxhc.cli import host_devices
+    from jaxhc.launch import ProcessEnv
+    from jaxhc.train.config import load
+
+    mpirun = ProcessEnv.from_env({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "3"})
+    single = ProcessEnv.from_env({})
+    assert host_devices(load(str(CONFIG)), single) == 8  # the whole 2 x 2 x 2 mesh here
+    assert host_devices(load(str(CONFIG), ["transport=mpi"]), mpirun) == 1
+    with pytest.raises(ValueError, match="pass --transport mpi"):
+        host_devices(load(str(CONFIG)), mpirun)
