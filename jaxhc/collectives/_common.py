@@ -56,7 +56,11 @@ def linear(x, forward, transpose):
     travels like the primal (compressed by the same codec); reverse mode sends the cotangent
     through `transpose` (the conjugate collective). A `custom_jvp` whose tangent is a
     `linear_call`: jax transposes that with `transpose`, which a `custom_vjp` cannot offer.
+    On the MPI transport a `custom_vjp` (reverse mode only): mpi4jax's ordered effects cannot be
+    lowered inside a `linear_call` (jax 0.10: KeyError on the effect's token).
     """
+    if transport().name == "mpi":
+        return _reverse_only(x, forward, transpose)
 
     @jax.custom_jvp
     def collective(a):
@@ -65,10 +69,18 @@ def linear(x, forward, transpose):
     @collective.defjvp
     def _jvp(primals, tangents):
         (a,), (t,) = primals, tangents
-        return collective(a), linear_call(
-            lambda _, u: forward(u), lambda _, ct: transpose(ct), (), t
-        )
+        tangent = linear_call(lambda _, u: forward(u), lambda _, ct: transpose(ct), (), t)
+        return collective(a), tangent
 
+    return collective(x)
+
+
+def _reverse_only(x, forward, transpose):
+    @jax.custom_vjp
+    def collective(a):
+        return forward(a)
+
+    collective.defvjp(lambda a: (forward(a), None), lambda _, ct: (transpose(ct),))
     return collective(x)
 
 
