@@ -6,6 +6,7 @@ from jaxhc import launch as launch
 from jaxhc import transport as transport
 from jaxhc.collectives import all_gather as all_gather
 from jaxhc.collectives import all_to_all as all_to_all
+from jaxhc.collectives import pmean as pmean
 from jaxhc.collectives import ppermute as ppermute
 from jaxhc.collectives import psum as psum
 from jaxhc.collectives import psum_scatter as psum_scatter
@@ -27,6 +28,7 @@ __all__ = [
     "axis_size",
     "codecs",
     "launch",
+    "pmean",
     "ppermute",
     "psum",
     "psum_scatter",

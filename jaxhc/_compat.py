@@ -5,6 +5,11 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+try:  # a linear function with a custom transpose (public since jax 0.2; kept by 0.10)
+    from jax.custom_derivatives import linear_call as linear_call
+except ImportError:  # pragma: no cover - other jax versions
+    from jax._src.custom_derivatives import linear_call as linear_call
+
 AxisName = str | tuple[str, ...]
 
 
@@ -79,3 +84,40 @@ class _AlwaysOn:
         import contextlib
 
         return contextlib.nullcontext()
+
+
+def set_cpu_device_count(n: int, environ=None) -> bool:
+    """Give jax's CPU backend `n` devices, unless the user already chose or jax already started.
+
+    The user chose when ``XLA_FLAGS`` holds ``--xla_force_host_platform_device_count``,
+    ``JAX_NUM_CPU_DEVICES`` is set, or ``JAX_PLATFORMS`` names platforms without ``cpu``. Uses the
+    ``jax_num_cpu_devices`` option (jax 0.4.38 and later; it would override ``XLA_FLAGS``, hence
+    the check), else appends the XLA flag. Only the CPU backend is affected: an accelerator stays
+    the default backend. Returns whether the count was set.
+    """
+    import os
+
+    env = os.environ if environ is None else environ
+    platforms = [p.strip() for p in env.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+    chosen = (
+        "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", "")
+        or env.get("JAX_NUM_CPU_DEVICES")
+        or (platforms and "cpu" not in platforms)
+    )
+    if chosen or _backends_started():
+        return False
+    try:
+        jax.config.update("jax_num_cpu_devices", int(n))
+    except AttributeError:  # pragma: no cover - a jax without the option
+        flags = env.get("XLA_FLAGS", "")
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(n)}".strip()
+    return True
+
+
+def _backends_started() -> bool:
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # pragma: no cover - other jax versions
+        return False

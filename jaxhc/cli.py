@@ -12,6 +12,32 @@ import argparse
 import os
 import sys
 
+from jaxhc._compat import set_cpu_device_count
+from jaxhc.train.progress import Progress
+
+LOG_EVERY_HELP = (
+    "when output is not a terminal (redirected, mpirun), print a plain progress line every N "
+    "steps (default: train.eval_every)"
+)
+
+
+def host_devices(cfg, env=None) -> int:
+    """The devices this process needs: one per process under ``--transport mpi`` (mpirun starts
+    a process per mesh device), the whole mesh otherwise (the XLA loop runs every mesh device in
+    this process). Under mpirun the XLA loop would train the whole mesh in every process, all
+    into one run directory: a one-line error instead."""
+    from jaxhc.launch import ProcessEnv
+
+    if cfg.transport == "mpi":
+        return 1
+    env = env or ProcessEnv.from_env()
+    if env.source == "mpirun" and env.multi_process:
+        raise ValueError(
+            f"started by mpirun as {env.num_processes} processes with transport=xla: "
+            "pass --transport mpi (one process per mesh device)"
+        )
+    return cfg.mesh.size
+
 
 def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a GPT on the embedded corpus")
@@ -27,6 +53,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--out", help="run directory (default: runs/<config name>-<compression>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--log-every", type=int, help=LOG_EVERY_HELP)
     p.add_argument("overrides", nargs="*", help="dotted overrides such as model.n_layer=4")
 
 
@@ -45,17 +72,26 @@ def load_config(args):
     return load(args.config, overrides)
 
 
+def _check_log_every(args) -> None:
+    if args.log_every is not None and args.log_every < 1:
+        raise ValueError(f"--log-every {args.log_every} must be >= 1")
+
+
 def cmd_train(args) -> int:
     cfg = load_config(args)
+    _check_log_every(args)
+    # Before anything starts jax's backends: the README's commands need no XLA_FLAGS on CPU.
+    set_cpu_device_count(host_devices(cfg))
     out = args.out or os.path.join("runs", f"{cfg.name}-{os.path.basename(cfg.compression)}")
+    progress = Progress(enabled=not args.no_progress, log_every=args.log_every)
     if cfg.transport == "mpi":
         from jaxhc.train.mpi import train_mpi
 
-        summary = train_mpi(cfg, out, resume=args.resume, progress=not args.no_progress)
+        summary = train_mpi(cfg, out, resume=args.resume, progress=progress)
     else:
         from jaxhc.train.loop import train
 
-        summary = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+        summary = train(cfg, out, resume=args.resume, progress=progress)
     if summary:
         print(
             f"{out}: step {summary['step'] + 1} loss {summary['loss']:.4f}"
@@ -95,17 +131,21 @@ def cmd_sweep(args) -> int:
     if not policies:
         raise ValueError(f"{args.sweep}: 'policies' must list at least one policy")
     out = args.out or sweep.get("out", "runs/sweep")
+    _check_log_every(args)
+    progress = Progress(enabled=not args.no_progress, log_every=args.log_every)
     dirs = []
     for policy in policies:
         cfg = load(
             base,
             list(sweep.get("overrides", [])) + list(args.overrides) + [f"compression={policy}"],
         )
+        if not dirs:  # every run of a sweep has the same mesh
+            set_cpu_device_count(host_devices(cfg))
         run_dir = os.path.join(out, os.path.splitext(os.path.basename(str(policy)))[0])
         print(f"== {run_dir}", flush=True)
         resume = os.path.exists(os.path.join(run_dir, "checkpoints"))
         if not (resume and _finished(run_dir, cfg)):
-            train(cfg, run_dir, resume=resume, progress=not args.no_progress)
+            train(cfg, run_dir, resume=resume, progress=progress)
         dirs.append(run_dir)
     print(report(dirs, os.path.join(out, "report")))
     return 0
@@ -130,6 +170,7 @@ def main(argv=None) -> int:
     sp.add_argument("sweep", help="sweep YAML (base config, policies, out)")
     sp.add_argument("--out", help="override the sweep's output directory")
     sp.add_argument("--no-progress", action="store_true")
+    sp.add_argument("--log-every", type=int, help=LOG_EVERY_HELP)
     sp.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     # Overrides may sit between options (argparse stops a "*" positional at the first option).
     args, extra = ap.parse_known_args(argv)

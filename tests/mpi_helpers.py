@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import math
 import shutil
@@ -11,7 +10,6 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxhc
@@ -63,28 +61,6 @@ CODECS = {
     "zfp8": "zfp:8",
     "q8": "q8",  # no fused MPI call: the unfused algorithms over the MPI transport
 }
-_STUB_ERRORS = ("not built yet", "UNIMPLEMENTED", "Wrong number of results")
-
-
-@functools.cache
-def codec_missing(name: str) -> str | None:
-    """Why the native codec behind `name` cannot run yet (None when it can, or is not native)."""
-    codec = jaxhc.codecs.parse(CODECS[name])
-    if not isinstance(codec, (jaxhc.codecs.Zfp, jaxhc.codecs.Mpc)):
-        return None
-    try:
-        codec.encode(jnp.linspace(-1, 1, 64, dtype=jnp.float32)).payload.block_until_ready()
-    except Exception as e:  # the stub kernels raise at run time until the codecs land
-        if any(s in str(e) for s in _STUB_ERRORS):
-            return f"{codec.spec} codec not built yet ({str(e).splitlines()[0][:80]})"
-        raise
-    return None
-
-
-def skip_if_codec_missing(name: str) -> None:
-    reason = codec_missing(name)
-    if reason:
-        pytest.skip(reason)
 
 
 def mpi_ready() -> str | None:

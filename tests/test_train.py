@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from jaxhc import cli
+from jaxhc.codecs import Mpc, Zfp
+from jaxhc.policy import Policy
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 # A shrunken model: as many layers as pipeline stages, tiny widths, a few steps.
@@ -31,6 +33,36 @@ def train(out, *args) -> int:
     return cli.main(["train", "--out", str(out), "--no-progress", *TINY, *args])
 
 
+def every_message(policy: str, tmp_path) -> str:
+    """A copy of policy `policy` (preset name or YAML path) with ``min_bytes: 0``: the shipped
+    presets skip messages under 64 KiB, which would leave every message of the tiny model raw."""
+    path = policy if policy.endswith(".yaml") else os.path.join(CONFIGS, "policy", policy + ".yaml")
+    data = yaml.safe_load(open(path))
+    copy = tmp_path / f"{data['name']}-every-message.yaml"
+    copy.write_text(yaml.safe_dump({**data, "min_bytes": 0}))
+    return str(copy)
+
+
+def assert_compressed(record: dict, policy: str, axes) -> None:
+    """Each of `axes` moved what its codec promises: ZFP its fixed rate and MPC within its budget
+    with no fallback, MPC less than raw, the identity codec and plain collectives raw bytes."""
+    policy = Policy.load(policy)
+    for axis in axes:
+        codec = policy.codec_for(axis)
+        raw, wire = record["raw_bytes"][axis], record["wire_bytes"][axis]
+        fell = record["fallbacks"][axis]
+        where = f"{policy.name} {axis}: raw {raw} wire {wire} fallbacks {fell}"
+        if isinstance(codec, Zfp):
+            # fixed rate, plus the rows' padding and the 4-byte agreement flags
+            assert raw * codec.rate / 32 < wire < raw * codec.rate / 32 * 1.02, where
+            assert fell == 0, where
+        elif isinstance(codec, Mpc):  # the static budget moves; some messages may not fit it
+            assert wire < raw, where
+            assert fell == 0 or wire > codec.budget * raw, where
+        else:
+            assert wire == raw and fell == 0, where
+
+
 def losses(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line)["loss"] for line in f]
@@ -44,23 +76,43 @@ def experiments():
 @pytest.mark.parametrize("path", experiments(), ids=os.path.basename)
 def test_every_shipped_experiment_runs_one_step_shrunk(path, tmp_path):
     out = tmp_path / "run"
-    mesh = yaml.safe_load(open(path)).get("mesh", {})
+    experiment = yaml.safe_load(open(path))
+    mesh = experiment.get("mesh", {})
+    policy = every_message(experiment.get("compression", "zhybrid"), tmp_path)
     batch = max(8, 2 * mesh.get("data", 1))  # TINY's two microbatches on every data rank
-    assert train(out, "--config", path, "--steps", "1", f"train.batch_size={batch}") == 0
+    args = ["--config", path, "--steps", "1", "--compression", policy, f"train.batch_size={batch}"]
+    assert train(out, *args) == 0
     record = json.loads(open(out / "metrics.jsonl").read())
     assert record["step"] == 0 and record["loss"] > 0 and record["val_loss"] > 0
     moving = {axis for axis in ("data", "tensor", "pipe") if mesh.get(axis, 1) > 1}
     assert set(record["wire_bytes"]) >= moving
+    assert_compressed(record, policy, moving)
     assert json.load(open(out / "config.json"))["model"]["n_layer"] == 2
 
 
 @pytest.mark.parametrize(
     "policy", sorted(glob.glob(os.path.join(CONFIGS, "policy", "*.yaml"))), ids=os.path.basename
 )
-def test_every_shipped_policy_trains_one_step(policy, tmp_path):
+def test_every_shipped_policy_compresses_one_step(policy, tmp_path):
     out = tmp_path / "run"
+    policy = every_message(policy, tmp_path)
     assert train(out, "--compression", policy, "--steps", "1") == 0
-    assert losses(out)[0] > 0
+    record = json.loads(open(out / "metrics.jsonl").read())
+    assert record["loss"] > 0
+    assert_compressed(record, policy, ("data", "tensor", "pipe"))
+
+
+def test_a_budget_too_small_falls_back_on_every_axis(tmp_path):
+    """MPC at half the raw size cannot hold most float32 training traffic losslessly: messages
+    fall back to raw on every axis and say so, and the wire bytes count what moved raw."""
+    path = tmp_path / "tight.yaml"
+    axes = ", ".join(f"{a}: mpc:0.5" for a in ("data", "tensor", "pipe"))
+    path.write_text(f"name: tight\nmin_bytes: 0\naxes: {{{axes}}}\n")
+    assert train(tmp_path / "run", "--compression", str(path), "--steps", "1") == 0
+    record = json.loads(open(tmp_path / "run" / "metrics.jsonl").read())
+    for axis in ("data", "tensor", "pipe"):
+        assert record["fallbacks"][axis] > 0, record
+        assert record["wire_bytes"][axis] > 0.5 * record["raw_bytes"][axis], record
 
 
 def test_resume_continues_bit_exactly(tmp_path):

@@ -64,9 +64,6 @@ pytestmark = pytest.mark.skipif(bool(h.mpi_ready()), reason=str(h.mpi_ready()))
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    for codec in ("zfp8", "mpc"):
-        if h.codec_missing(codec):
-            pytest.skip(h.codec_missing(codec))
     path = tmp_path_factory.mktemp("policy") / "every-message.yaml"
     path.write_text(POLICY)
     return str(path)

@@ -2,8 +2,9 @@
 
 from jaxhc.collectives.all_gather import all_gather as all_gather
 from jaxhc.collectives.all_to_all import all_to_all as all_to_all
+from jaxhc.collectives.pmean import pmean as pmean
 from jaxhc.collectives.ppermute import ppermute as ppermute
 from jaxhc.collectives.psum import psum as psum
 from jaxhc.collectives.psum_scatter import psum_scatter as psum_scatter
 
-__all__ = ["all_gather", "all_to_all", "ppermute", "psum", "psum_scatter"]
+__all__ = ["all_gather", "all_to_all", "pmean", "ppermute", "psum", "psum_scatter"]

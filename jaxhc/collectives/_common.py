@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxhc import accounting
-from jaxhc._compat import axis_tuple, check_vma_enabled, make_varying
+from jaxhc._compat import axis_tuple, check_vma_enabled, linear_call, make_varying
 from jaxhc.codecs import Codec, CodecLike, Identity, Mpc, parse
 from jaxhc.policy import Policy
 from jaxhc.transport import current as transport
@@ -39,8 +39,53 @@ def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
     return chosen
 
 
+def as_array(x) -> jax.Array:
+    """A Python or numpy scalar (or array) as a jax array, weak-typed as `jax.lax` takes it."""
+    return x if isinstance(x, jax.Array) else jnp.asarray(x)
+
+
+def python_number(x) -> bool:
+    """A Python int / float / complex (not bool): `jax.lax.psum` folds these at trace time."""
+    return isinstance(x, (int, float, complex)) and not isinstance(x, bool)
+
+
+def linear(x, forward, transpose):
+    """`forward(x)`, a collective that is linear up to its codec, differentiable in both modes.
+
+    Forward mode (`jax.jvp`, `jax.linearize`) sends the tangent through `forward` as well, so it
+    travels like the primal (compressed by the same codec); reverse mode sends the cotangent
+    through `transpose` (the conjugate collective). A `custom_jvp` whose tangent is a
+    `linear_call`: jax transposes that with `transpose`, which a `custom_vjp` cannot offer.
+    On the MPI transport a `custom_vjp` (reverse mode only): mpi4jax's ordered effects cannot be
+    lowered inside a `linear_call` (jax 0.10: KeyError on the effect's token).
+    """
+    if transport().name == "mpi":
+        return _reverse_only(x, forward, transpose)
+
+    @jax.custom_jvp
+    def collective(a):
+        return forward(a)
+
+    @collective.defjvp
+    def _jvp(primals, tangents):
+        (a,), (t,) = primals, tangents
+        tangent = linear_call(lambda _, u: forward(u), lambda _, ct: transpose(ct), (), t)
+        return collective(a), tangent
+
+    return collective(x)
+
+
+def _reverse_only(x, forward, transpose):
+    @jax.custom_vjp
+    def collective(a):
+        return forward(a)
+
+    collective.defvjp(lambda a: (forward(a), None), lambda _, ct: (transpose(ct),))
+    return collective(x)
+
+
 def differentiable(x) -> bool:
-    """Float inputs go through jaxhc's custom_vjp even uncompressed, so the ledger sees backward
+    """Float inputs go through jaxhc's `linear` even uncompressed, so the ledger sees backward
     traffic too; other dtypes take the plain lax collective (they carry no gradient)."""
     return jnp.issubdtype(x.dtype, jnp.inexact)
 

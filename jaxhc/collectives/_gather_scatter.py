@@ -2,15 +2,13 @@
 
 `gather` encodes the local block, gathers the payloads and decodes them all (its own included);
 `scatter` encodes the P slices, exchanges them (all_to_all) and sums the decoded pieces in float32
-in rank order. Both are `custom_vjp`s whose backward pass is the other, compressed by the same
-codec (codec None: the plain collective, still recorded by the ledger in both directions).
+in rank order. A tangent goes through the same collective and a cotangent through the other
+(`_common.linear`), compressed by the same codec (codec None: the plain collective, still
+recorded by the ledger in both directions).
 """
 
 from __future__ import annotations
 
-import functools
-
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -32,22 +30,18 @@ def gather_plain(x, axis_name, axis, tiled, to, kind, vma):
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6, 7))
 def gather(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
-    return _gather_run(x, axis_name, axis, tiled, to, codec, kind, vma)
+    return c.linear(
+        x,
+        lambda a: _gather_run(a, axis_name, axis, tiled, to, codec, kind, vma),
+        lambda ct: _gather_bwd(axis_name, axis, tiled, to, codec, kind, vma, ct),
+    )
 
 
-def _gather_fwd(x, axis_name, axis, tiled, to, codec, kind, vma):
-    return _gather_run(x, axis_name, axis, tiled, to, codec, kind, vma), None
-
-
-def _gather_bwd(axis_name, axis, tiled, to, codec, kind, vma, _, ct):
+def _gather_bwd(axis_name, axis, tiled, to, codec, kind, vma, ct):
     if vma and to == "invarying":  # replicated output: each rank's cotangent is its own slice.
-        return (make_varying(_own_slice(ct, axis_name, axis, tiled), axis_tuple(axis_name)),)
-    return (scatter(ct, axis_name, axis, tiled, codec, kind, vma),)
-
-
-gather.defvjp(_gather_fwd, _gather_bwd)
+        return make_varying(_own_slice(ct, axis_name, axis, tiled), axis_tuple(axis_name))
+    return scatter(ct, axis_name, axis, tiled, codec, kind, vma)
 
 
 def _own_slice(ct, axis_name, axis, tiled):
@@ -96,20 +90,12 @@ def scatter_plain(x, axis_name, dim, tiled, kind):
     return c.record(axis_name, kind, raw, raw, anchor=out)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
 def scatter(x, axis_name, dim, tiled, codec: Codec | None, kind, vma):
-    return _scatter_run(x, axis_name, dim, tiled, codec, kind)
-
-
-def _scatter_fwd(x, axis_name, dim, tiled, codec, kind, vma):
-    return _scatter_run(x, axis_name, dim, tiled, codec, kind), None
-
-
-def _scatter_bwd(axis_name, dim, tiled, codec, kind, vma, _, ct):
-    return (gather(ct, axis_name, dim, tiled, "varying", codec, kind, vma),)
-
-
-scatter.defvjp(_scatter_fwd, _scatter_bwd)
+    return c.linear(
+        x,
+        lambda a: _scatter_run(a, axis_name, dim, tiled, codec, kind),
+        lambda ct: gather(ct, axis_name, dim, tiled, "varying", codec, kind, vma),
+    )
 
 
 def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):

@@ -40,6 +40,7 @@ def all_gather(
 
 
 def _one(x, axis_name, axis, tiled, to, codec, policy, kind):
+    x = c.as_array(x)
     if to not in ("varying", "invarying"):
         raise ValueError(f"jaxhc.all_gather: to={to!r} must be 'varying' or 'invarying'")
     axis = _check_axis(x, axis, tiled)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -50,6 +48,7 @@ def all_to_all(
 
 def _one(x, axis_name, split_axis, concat_axis, tiled, codec, policy, kind):
     parts = transport().axis_size(axis_name)
+    x = c.as_array(x)
     split_axis, concat_axis = _check_axes(x, split_axis, concat_axis, tiled, parts)
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, _ = c.prepare(x, axis_name)
@@ -72,20 +71,12 @@ def _check_axes(x, split_axis, concat_axis, tiled, parts):
     return split_dim(x, split_axis, tiled, parts, where, "split_axis"), concat_axis % x.ndim
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
 def _exchange(x, axis_name, split_axis, concat_axis, tiled, codec: Codec | None, kind):
-    return _compressed(x, axis_name, split_axis, concat_axis, tiled, codec, kind)
-
-
-def _fwd(x, axis_name, split_axis, concat_axis, tiled, codec, kind):
-    return _compressed(x, axis_name, split_axis, concat_axis, tiled, codec, kind), None
-
-
-def _bwd(axis_name, split_axis, concat_axis, tiled, codec, kind, _, ct):
-    return (_exchange(ct, axis_name, concat_axis, split_axis, tiled, codec, kind),)
-
-
-_exchange.defvjp(_fwd, _bwd)
+    return c.linear(
+        x,
+        lambda a: _compressed(a, axis_name, split_axis, concat_axis, tiled, codec, kind),
+        lambda ct: _exchange(ct, axis_name, concat_axis, split_axis, tiled, codec, kind),
+    )
 
 
 def _compressed(x, axis_name, split_axis, concat_axis, tiled, codec: Codec | None, kind):

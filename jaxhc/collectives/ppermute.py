@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -30,6 +28,7 @@ def ppermute(x, axis_name, perm, *, codec: CodecLike = None, policy=None, kind=N
 def _one(x, axis_name, perm, codec, policy, kind):
     parts = transport().axis_size(axis_name)
     _check_perm(perm, parts)
+    x = c.as_array(x)
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, _ = c.prepare(x, axis_name)
     if chosen is None and not c.differentiable(x):
@@ -51,21 +50,13 @@ def _check_perm(perm, parts):
         raise ValueError(f"jaxhc.ppermute: perm index {bad[0]} is outside the axis size {parts}")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
 def _permute(x, axis_name, perm, codec: Codec | None, kind):
-    return _compressed(x, axis_name, perm, codec, kind)
-
-
-def _fwd(x, axis_name, perm, codec, kind):
-    return _compressed(x, axis_name, perm, codec, kind), None
-
-
-def _bwd(axis_name, perm, codec, kind, _, ct):
     inverse = tuple((d, s) for s, d in perm)
-    return (_permute(ct, axis_name, inverse, codec, kind),)
-
-
-_permute.defvjp(_fwd, _bwd)
+    return c.linear(
+        x,
+        lambda a: _compressed(a, axis_name, perm, codec, kind),
+        lambda ct: _permute(ct, axis_name, inverse, codec, kind),
+    )
 
 
 def _compressed(x, axis_name, perm, codec: Codec | None, kind):
@@ -78,6 +69,12 @@ def _compressed(x, axis_name, perm, codec: Codec | None, kind):
     payload, ok = c.encode_one(codec, x)
     agree = c.agreement_bytes(codec, parts)
     receivers = sorted(d for _, d in perm)
+    senders = sorted(s for s, _ in perm)
+    if len(senders) < parts and c.may_fail(codec):
+        # Only what is sent must fit the codec: a rank that sends nothing (a pipeline bubble)
+        # votes yes whatever it holds, so its garbage cannot force the raw path on the others.
+        sends = jnp.isin(t.ppermute_index(axis_name), jnp.asarray(senders))
+        ok = jnp.logical_or(ok, jnp.logical_not(sends))
 
     def permute():
         got = t.ppermute(payload, axis_name, perm)

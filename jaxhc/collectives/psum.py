@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 
 from jaxhc._compat import axis_tuple, make_varying
@@ -21,8 +19,8 @@ def psum(x, axis_name, *, axis_index_groups=None, codec: CodecLike = None, polic
     included, uses the decoded values, so replicas stay bit-identical. Per rank this moves
     ~2(P-1)/P x raw / ratio bytes, like a ring allreduce. If any rank's input cannot be encoded
     within the codec's promise (NaN/Inf under ZFP, over budget under MPC), every rank falls back
-    to the plain psum for that call. Gradients flow through the same compressed algorithm
-    (`custom_vjp`).
+    to the plain psum for that call. Gradients flow through the same compressed algorithm,
+    and so do `jax.jvp` tangents.
 
     >>> y = jaxhc.psum(grads, "data", codec="zfp:8")                 # doctest: +SKIP
     >>> y = jaxhc.psum(grads, "data", policy="zhybrid", kind="grad")  # doctest: +SKIP
@@ -35,6 +33,9 @@ def psum(x, axis_name, *, axis_index_groups=None, codec: CodecLike = None, polic
 
 
 def _one(x, axis_name, codec, policy, kind):
+    if c.python_number(x):  # a trace-time constant, the same on every rank (as jax.lax folds it)
+        return x * transport().axis_size(axis_name)
+    x = c.as_array(x)
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     x, vma = c.prepare(x, axis_name)
     if chosen is None and not c.differentiable(x):
@@ -42,22 +43,18 @@ def _one(x, axis_name, codec, policy, kind):
     return _psum(x, axis_name, chosen, kind, vma)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
 def _psum(x, axis_name, codec: Codec | None, kind, vma: bool):
-    return _run(x, axis_name, codec, kind)
+    return c.linear(
+        x,
+        lambda a: _run(a, axis_name, codec, kind),
+        lambda ct: _bwd(axis_name, codec, kind, vma, ct),
+    )
 
 
-def _fwd(x, axis_name, codec, kind, vma):
-    return _run(x, axis_name, codec, kind), None
-
-
-def _bwd(axis_name, codec, kind, vma, _, ct):
+def _bwd(axis_name, codec, kind, vma, ct):
     if vma:  # psum maps varying -> invariant; its transpose is the identity per shard.
-        return (make_varying(ct, axis_tuple(axis_name)),)
-    return (_psum(ct, axis_name, codec, kind, vma),)
-
-
-_psum.defvjp(_fwd, _bwd)
+        return make_varying(ct, axis_tuple(axis_name))
+    return _psum(ct, axis_name, codec, kind, vma)
 
 
 def _plain(x, axis_name, kind):

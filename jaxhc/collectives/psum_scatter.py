@@ -47,6 +47,7 @@ def psum_scatter(
 
 
 def _one(x, axis_name, dim, tiled, codec, policy, kind):
+    x = c.as_array(x)
     parts = transport().axis_size(axis_name)
     dim = _check_dim(x, dim, tiled, parts)
     chosen = c.resolve(x, axis_name, codec, policy, kind)

@@ -24,6 +24,7 @@ from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Checkpoints
 from jaxhc.train.config import ExperimentConfig
+from jaxhc.train.progress import Progress
 
 
 def flops_per_token(cfg, n_params: int) -> float:
@@ -32,7 +33,7 @@ def flops_per_token(cfg, n_params: int) -> float:
 
 
 def train(
-    cfg: ExperimentConfig, out_dir: str, *, resume: bool = False, progress: bool = True
+    cfg: ExperimentConfig, out_dir: str, *, resume: bool = False, progress: bool | Progress = True
 ) -> dict:
     """Train `cfg` on this process's devices (the XLA transport), writing `metrics.jsonl`,
     `config.json` and checkpoints into `out_dir`.
@@ -128,7 +129,12 @@ class XlaRunner(Runner):
 
 
 def run_loop(
-    cfg: ExperimentConfig, out_dir: str, runner: Runner, *, resume: bool, progress: bool
+    cfg: ExperimentConfig,
+    out_dir: str,
+    runner: Runner,
+    *,
+    resume: bool,
+    progress: bool | Progress,
 ) -> dict:
     """The training loop of every transport: batches, timing, traffic, metrics records, eval and
     checkpoint cadence, progress, resume. Returns the last record (on a writer; {} elsewhere)."""
@@ -165,7 +171,8 @@ def run_loop(
     record: dict = {}
 
     with contextlib.ExitStack() as stack:
-        bar = stack.enter_context(_Progress(cfg.train.steps, start, enabled=progress and writer))
+        shown = Progress.of(progress) if writer else Progress(enabled=False)
+        bar = stack.enter_context(shown.reporter(cfg.train.steps, start, cfg.train.eval_every))
         out = stack.enter_context(open(metrics_path, "a")) if writer else None
         for step in range(start, cfg.train.steps):
             tokens = batches.train(step)
@@ -238,48 +245,3 @@ def _write_config(out_dir: str, cfg: ExperimentConfig, policy: Policy, devices) 
     with open(tmp, "w") as f:
         json.dump(resolved, f, indent=2)
     os.replace(tmp, os.path.join(out_dir, "config.json"))
-
-
-class _Progress:
-    """A rich progress bar: step, loss, tokens/s, wire MB per step per axis, ETA."""
-
-    def __init__(self, total: int, start: int, enabled: bool):
-        self.enabled, self.total, self.start = enabled, total, start
-        self._progress = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._progress = Progress(
-                TextColumn("step {task.completed}/{task.total}"),
-                BarColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(),
-            )
-            self._progress.__enter__()
-            self._task = self._progress.add_task(
-                "train", total=self.total, completed=self.start, info="compiling..."
-            )
-        return self
-
-    def update(self, record: dict) -> None:
-        if not self._progress:
-            return
-        # The mesh axes' traffic; scalar reductions (loss, grad norm) are a few bytes each.
-        wire = " ".join(f"{a}={v / 1e6:.2f}" for a, v in record["wire_bytes"].items() if v >= 1000)
-        info = (
-            f"loss {record['loss']:.4f}  {record['tokens_per_s']:.0f} tok/s  "
-            f"wire MB/step {wire or '0'}"
-        )
-        if "val_loss" in record:
-            info += f"  val {record['val_loss']:.4f}"
-        self._progress.update(self._task, completed=record["step"] + 1, info=info)
-
-    def note(self, text: str) -> None:
-        if self._progress:
-            self._progress.console.print(text)
-
-    def __exit__(self, *exc):
-        if self._progress:
-            self._progress.__exit__(*exc)

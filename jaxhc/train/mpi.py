@@ -41,12 +41,13 @@ from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.config import ExperimentConfig
 from jaxhc.train.loop import Runner, check_config, run_loop
+from jaxhc.train.progress import Progress
 
 TRAFFIC_FIELDS = ("raw_bytes", "wire_bytes", "fallbacks", "calls")
 
 
 def train_mpi(
-    cfg: ExperimentConfig, out_dir: str, *, resume: bool = False, progress: bool = True
+    cfg: ExperimentConfig, out_dir: str, *, resume: bool = False, progress: bool | Progress = True
 ) -> dict:
     """Train `cfg` as this rank of an MPI job of one process per mesh device (see the module).
 
