@@ -17,6 +17,7 @@ from jax import lax
 from jaxhc._compat import axis_tuple, make_varying
 from jaxhc.codecs import Codec
 from jaxhc.collectives import _common as c
+from jaxhc.collectives import _feedback as ef
 from jaxhc.transport import current as transport
 
 
@@ -98,11 +99,11 @@ def scatter_plain(x, axis_name, dim, tiled, kind):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
 def scatter(x, axis_name, dim, tiled, codec: Codec | None, kind, vma):
-    return _scatter_run(x, axis_name, dim, tiled, codec, kind)
+    return scatter_run(x, axis_name, dim, tiled, codec, kind)
 
 
 def _scatter_fwd(x, axis_name, dim, tiled, codec, kind, vma):
-    return _scatter_run(x, axis_name, dim, tiled, codec, kind), None
+    return scatter_run(x, axis_name, dim, tiled, codec, kind), None
 
 
 def _scatter_bwd(axis_name, dim, tiled, codec, kind, vma, _, ct):
@@ -112,14 +113,18 @@ def _scatter_bwd(axis_name, dim, tiled, codec, kind, vma, _, ct):
 scatter.defvjp(_scatter_fwd, _scatter_bwd)
 
 
-def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
+def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=None):
+    """This rank's reduced slice; with `residual` (error feedback), (that slice, new residual)."""
+    feedback = residual is not None
+    y, send = ef.carry(x, residual) if feedback else (None, x)
     if codec is None:
-        return scatter_plain(x, axis_name, dim, tiled, kind)
+        out = scatter_plain(send, axis_name, dim, tiled, kind)
+        return (out, ef.kept(y, send)) if feedback else out
     t = transport()
     parts = t.axis_size(axis_name)
     raw = (parts - 1) / parts * c.nbytes(x)
     agree = c.agreement_bytes(codec, parts)
-    moved = jnp.moveaxis(x, dim, 0)
+    moved = jnp.moveaxis(send, dim, 0)
     chunk_shape = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
     size = moved.size // parts
     rows = moved.reshape(parts, size)
@@ -128,7 +133,7 @@ def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
         reduced = reduced.reshape(chunk_shape)
         return jnp.moveaxis(reduced, 0, dim) if tiled else reduced
 
-    if t.fused(codec, x.dtype, axis_name):
+    if not feedback and t.fused(codec, x.dtype, axis_name):
         mine, wire, fell = t.fused_psum_scatter(rows, axis_name, codec)
         return c.record(axis_name, kind, raw, wire, fell, anchor=arrange(mine))
     rows, m = c.pad_rows(rows)
@@ -137,10 +142,17 @@ def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
     def compressed():
         got = t.all_to_all_rows(payloads, axis_name)
         c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree, anchor=got)
-        return arrange(codec.decode_sum(got, m, x.dtype)[:size])
+        out = arrange(codec.decode_sum(got, m, x.dtype)[:size])
+        if not feedback:
+            return out, None
+        decoded = c.decode_rows(codec, payloads, m, x.dtype)[:, :size].astype(y.dtype)
+        lost = jnp.moveaxis(y, dim, 0).reshape(parts, size) - decoded
+        return out, jnp.moveaxis(lost.reshape(moved.shape), 0, dim)
 
     def plain():
-        out = t.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
-        return c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
+        out = t.psum_scatter(send, axis_name, scatter_dimension=dim, tiled=tiled)
+        c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
+        return out, ef.kept(y, send) if feedback else None
 
-    return c.guarded(ok, axis_name, codec, compressed, plain)
+    out, new = c.guarded(ok, axis_name, codec, compressed, plain)
+    return (out, new) if feedback else out
