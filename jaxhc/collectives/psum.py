@@ -107,8 +107,8 @@ def _run(x, axis_name, codec: Codec | None, kind, residual=None):
     n, shape, dtype = x.size, x.shape, x.dtype
     raw = 2 * (parts - 1) / parts * c.nbytes(x)
     if not feedback and t.fused(codec, dtype, axis_name):
-        y, wire, fell = t.fused_psum(x, axis_name, codec)
-        return c.record(axis_name, kind, raw, wire, fell, anchor=y)
+        out, wire, fell = t.fused_psum(x, axis_name, codec)
+        return c.record(axis_name, kind, raw, wire, fell, anchor=out)
     agree = c.agreement_bytes(codec, parts)
     rows, m = c.to_rows(send, parts)
     payloads, ok = c.encode_rows(codec, rows)
