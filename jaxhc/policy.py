@@ -13,6 +13,11 @@ YAML form (``configs/policy/zhybrid.yaml``)::
       tensor: {codec: zfp, rate: 16, act: "zfp:24"}   # per-kind override
       pipe:   "zfp:16"
 
+``error_feedback: true`` in an axis mapping (``data: {codec: zfp, rate: 8, error_feedback: true}``)
+asks the trainer to carry error-feedback residuals for that axis' ``grad`` traffic (see
+`jaxhc.psum` ``residual=``). It needs a lossy grad codec: on a lossless one the residual would stay
+zero forever, so asking for it there is a configuration error rather than silent dead state.
+
 A codec entry is a spec string (``"zfp:8"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` = the identity
 codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:, block:, budget:,
 dim:}``, or
@@ -30,6 +35,8 @@ import yaml
 
 from jaxhc.codecs import Codec, Identity, Mpc, Quant, Zfp, parse
 
+__all__ = ["KINDS", "PRESETS", "AxisPolicy", "Policy"]
+
 KINDS = ("grad", "param", "act")
 MPC_BUDGET = 0.95
 
@@ -40,6 +47,7 @@ class AxisPolicy:
 
     codec: Codec | None
     overrides: tuple[tuple[str, Codec | None], ...] = ()
+    error_feedback: bool = False  # carry residuals of this axis' lossy grad traffic
 
     def codec_for(self, kind: str | None) -> Codec | None:
         return dict(self.overrides).get(kind, self.codec) if kind else self.codec
@@ -78,6 +86,15 @@ class Policy:
         table = dict(self.axes)
         codecs = [table[a].codec_for(kind) if a in table else None for a in names]
         return max(codecs, key=_fidelity) if codecs else None
+
+    def error_feedback(self, axis_name) -> bool:
+        """Whether ``grad`` traffic over `axis_name` (a name or tuple) carries error feedback: some
+        listed axis asks for it and the chosen grad codec is lossy."""
+        names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+        table = dict(self.axes)
+        asked = any(table[a].error_feedback for a in names if a in table)
+        codec = self.codec_for(axis_name, "grad")
+        return asked and codec is not None and not codec.lossless
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Policy:
@@ -130,13 +147,12 @@ class Policy:
         )
 
     def to_dict(self) -> dict:
-        def spec(c):
-            return "off" if c is None else c.spec
-
         axes = {}
         for axis, ap in self.axes:
-            entry = {"codec": spec(ap.codec)}
-            entry.update({k: spec(c) for k, c in ap.overrides})
+            entry = {"codec": _spec(ap.codec)}
+            entry.update({k: _spec(c) for k, c in ap.overrides})
+            if ap.error_feedback:
+                entry["error_feedback"] = True
             axes[axis] = entry
         return {"name": self.name, "min_bytes": self.min_bytes, "axes": axes}
 
@@ -194,9 +210,12 @@ def _codec(entry: Any, where: str) -> Codec | None:
 
 
 def _axis_policy(entry: Any, where: str) -> AxisPolicy:
-    overrides = []
+    overrides, feedback = [], False
     if isinstance(entry, Mapping):
         entry = dict(entry)
+        feedback = entry.pop("error_feedback", False)
+        if not isinstance(feedback, bool):
+            raise ValueError(f"{where}.error_feedback: expected true or false, got {feedback!r}")
         for kind in KINDS:
             if kind in entry:
                 overrides.append((kind, _codec(entry.pop(kind), f"{where}.{kind}")))
@@ -205,7 +224,17 @@ def _axis_policy(entry: Any, where: str) -> AxisPolicy:
                 raise ValueError(
                     f"{where}: unknown key {key!r} (traffic kinds are {', '.join(KINDS)})"
                 )
-    return AxisPolicy(codec=_codec(entry, where), overrides=tuple(overrides))
+    axis = AxisPolicy(_codec(entry, where), tuple(overrides), error_feedback=feedback)
+    grad = axis.codec_for("grad")
+    if feedback and (grad is None or grad.lossless):
+        raise ValueError(
+            f"{where}.error_feedback: needs a lossy grad codec (zfp, q8, q4), not {_spec(grad)!r}"
+        )
+    return axis
+
+
+def _spec(codec: Codec | None) -> str:
+    return "off" if codec is None else codec.spec
 
 
 def _all(codec: str) -> dict:
@@ -224,3 +253,7 @@ PRESETS: dict[str, dict] = {
     "zhybrid": {"axes": {"data": "zfp:8", "tensor": "zfp:16", "pipe": "zfp:16"}},
     "qhybrid": {"axes": {"data": "q8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}},
 }
+# The hybrids with error feedback on the data-parallel gradients.
+_EF = {"codec": "zfp", "rate": 8, "error_feedback": True}
+PRESETS["mzhybrid_ef"] = {"axes": {**PRESETS["mzhybrid"]["axes"], "data": _EF}}
+PRESETS["zhybrid_ef"] = {"axes": {**PRESETS["zhybrid"]["axes"], "data": _EF}}

@@ -120,6 +120,25 @@ def collectives_body(axes, codec, full=True):
     return body
 
 
+def error_feedback_body(axes, codec):
+    """psum and psum_scatter with error feedback from a non-zero residual: outputs, residuals."""
+
+    def body(x):
+        out = {}
+        old = 0.01 * jnp.sin(x)
+        for ax in axis_choices(axes, full=False):
+            k = ax if isinstance(ax, str) else "+".join(ax)
+            out[f"psum/{k}"], out[f"psum_residual/{k}"] = jaxhc.psum(
+                x, ax, codec=codec, residual=old
+            )
+            out[f"psum_scatter/{k}"], out[f"psum_scatter_residual/{k}"] = jaxhc.psum_scatter(
+                x, ax, scatter_dimension=1, tiled=True, codec=codec, residual=old
+            )
+        return {k: v[None] for k, v in out.items()}
+
+    return body
+
+
 def body_specs(axes):
     return P(tuple(axes)), P(tuple(axes))
 

@@ -64,6 +64,8 @@ def _steps(shape, kind, codec):
     spec = P(axes)
     if kind == "collectives":
         body, out_specs = h.collectives_body(axes, h.CODECS[codec], full=_full(shape, codec)), spec
+    elif kind == "error_feedback":
+        body, out_specs = h.error_feedback_body(axes, h.CODECS[codec]), spec
     else:
         grad = h.loss_body(axes, h.CODECS[codec])
         body, out_specs = (lambda x: {"grad": grad(x)}), {"grad": spec}
@@ -134,6 +136,19 @@ def test_fallback_agreed_across_ranks(shape, codec):
     """A NaN on the last rank only: every rank takes the raw branch (no deadlock), as XLA does."""
     _need(shape)
     _compare(shape, "collectives", codec, h.global_input(shape, nan_at=SIZE - 1))
+
+
+@pytest.mark.parametrize(
+    ("shape", "codec"), [((2,), "zfp8"), ((4,), "zfp8"), ((2, 2), "zfp8"), ((2,), "raw")]
+)
+@pytest.mark.parametrize("nan", [False, True])
+def test_error_feedback_matches_xla(shape, codec, nan):
+    """psum / psum_scatter with residuals take the unfused algorithm over MPI: XLA's bits, the
+    residuals included, also when a NaN on the last rank sends everyone down the raw path."""
+    _need(shape)
+    h.skip_if_codec_missing(codec)
+    x = h.global_input(shape, nan_at=SIZE - 1 if nan else None)
+    _compare(shape, "error_feedback", codec, x)
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,10 @@ def test_policy_is_hashable_and_round_trips_through_dict():
         ({"min_byte": 3}, "'min_byte'"),
         ({"min_bytes": -1}, "min_bytes"),
         ({"axes": ["data"]}, "axes"),
+        ({"axes": {"data": {"codec": "mpc", "error_feedback": True}}}, "axes.data.error_feedback"),
+        ({"axes": {"data": {"codec": "none", "error_feedback": True}}}, "lossy grad codec"),
+        ({"axes": {"data": {"codec": "zfp:8", "grad": None, "error_feedback": True}}}, "'off'"),
+        ({"axes": {"data": {"codec": "zfp", "rate": 8, "error_feedback": 1}}}, "true or false"),
     ],
 )
 def test_bad_policy_is_one_line_error_naming_the_key(data, culprit):
@@ -74,6 +78,27 @@ def test_bad_policy_is_one_line_error_naming_the_key(data, culprit):
         Policy.from_dict(data, name="t")
     message = str(err.value)
     assert culprit in message and "\n" not in message
+
+
+def test_error_feedback_is_for_lossy_grad_traffic():
+    p = Policy.from_dict(
+        {
+            "axes": {
+                "data": {"codec": "zfp", "rate": 8, "error_feedback": True},
+                "tensor": {"codec": "mpc", "grad": "zfp:16", "error_feedback": True},
+                "pipe": "zfp:8",
+            }
+        }
+    )
+    assert p.error_feedback("data") and p.error_feedback("tensor")
+    assert not p.error_feedback("pipe")  # lossy, but not asked for
+    assert not p.error_feedback(("data", "other"))  # the plain axis wins: nothing is lost
+    assert Policy.from_dict(p.to_dict()) == p
+    assert Policy.preset("mzhybrid_ef").error_feedback("data")
+    assert Policy.preset("mzhybrid_ef").codec_for("data") == Policy.preset("mzhybrid").codec_for(
+        "data"
+    )
+    assert not Policy.preset("mzhybrid").error_feedback("data")
 
 
 def test_bad_preset_and_kind():

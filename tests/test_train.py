@@ -6,12 +6,14 @@ import glob
 import json
 import os
 
+import numpy as np
 import pytest
 import yaml
 
 from jaxhc import cli
 from jaxhc.codecs import Mpc, Zfp
 from jaxhc.policy import Policy
+from jaxhc.train.checkpoint import Checkpoints
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 # A shrunken model: as many layers as pipeline stages, tiny widths, a few steps.
@@ -115,13 +117,33 @@ def test_a_budget_too_small_falls_back_on_every_axis(tmp_path):
         assert record["wire_bytes"][axis] > 0.5 * record["raw_bytes"][axis], record
 
 
+EF_POLICY = """\
+name: every-message-ef
+min_bytes: 0
+axes:
+  data: {codec: zfp, rate: 8, error_feedback: true}
+  tensor: {codec: mpc, budget: 0.95}
+  pipe: {codec: zfp, rate: 16}
+"""
+
+
 def test_resume_continues_bit_exactly(tmp_path):
-    common = ["--compression", "zhybrid", "optim.total_steps=4"]
+    """Every message compressed, gradients with error feedback: the residuals are in the checkpoint
+    (non-zero, one padded vector per device) and resuming from them continues bit for bit."""
+    policy = tmp_path / "ef.yaml"
+    policy.write_text(EF_POLICY)
+    common = ["--compression", str(policy), "optim.total_steps=4"]
     full, part = tmp_path / "full", tmp_path / "part"
     assert train(full, "train.steps=4", *common) == 0
     assert train(part, "train.steps=2", *common) == 0
     assert train(part, "train.steps=4", "--resume", *common) == 0
     assert losses(part) == losses(full)  # bit-identical floats, steps 0..3
+    ckpt = Checkpoints(str(part / "checkpoints"))
+    try:
+        residual = np.asarray(ckpt._manager.restore(4)["opt_state"]["residual"])
+    finally:
+        ckpt.close()
+    assert residual.shape[:2] == (2, 2) and np.isfinite(residual).all() and residual.any()
 
 
 def test_report_writes_table_and_plots(tmp_path):
@@ -149,9 +171,14 @@ def test_report_writes_table_and_plots(tmp_path):
         (["optim.lr=fast"], "optim.lr='fast' is not a number"),
         (["--mesh", "data=two"], "data='two' is not an integer"),
         (["--config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+        (["--compression", "PIPE_EF"], "axes.pipe.error_feedback is not supported by the trainer"),
     ],
 )
 def test_bad_input_is_one_line_error_naming_the_key(args, culprit, tmp_path, capsys):
+    if "PIPE_EF" in args:
+        path = tmp_path / "pipe_ef.yaml"
+        path.write_text("axes:\n  pipe: {codec: zfp, rate: 16, error_feedback: true}\n")
+        args = [str(path) if a == "PIPE_EF" else a for a in args]
     assert train(tmp_path / "r", *args) == 2
     err = capsys.readouterr().err.strip()
     assert culprit in err and len(err.splitlines()) == 1, err

@@ -47,11 +47,14 @@ TINY = [
     "train.ckpt_every=2",
     "optim.total_steps=3",
 ]
+# Data gradients with error feedback: their residuals travel through MPI checkpoints and resumes
+# (so the data psum_scatter takes the unfused algorithm; tests/test_mpi_fused.py covers the fused
+# one, and the pipe psum and param all_gather here stay fused).
 POLICY = """\
 name: every-message
 min_bytes: 0
 axes:
-  data: {codec: zfp, rate: 8}
+  data: {codec: zfp, rate: 8, error_feedback: true}
   tensor: {codec: mpc, budget: 0.95}
   pipe: {codec: zfp, rate: 16}
 """
@@ -123,7 +126,7 @@ def assert_same_records(got: list[dict], want: list[dict]) -> None:
 
 
 def host_checkpoint(run: Path, step: int, cfg):
-    like = initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed)
+    like = initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed, policy=cfg.compression)
     checkpoints = Checkpoints(str(run / "checkpoints"))
     try:
         return jax.device_get(checkpoints.restore(like, step))
@@ -181,8 +184,10 @@ def test_mpi_training_matches_xla(cfg, mpi_run, xla_run):
     assert config["policy"]["name"] == "every-message"
 
     assert sorted(os.listdir(mpi_run / "checkpoints")) == ["2", "3"]
-    for step in (2, 3):  # parameters and AdamW moments, gathered from the ranks
+    for step in (2, 3):  # parameters, AdamW moments, EF residuals, gathered from the ranks
         assert_same_states(host_checkpoint(mpi_run, step, cfg), host_checkpoint(xla_run, step, cfg))
+    residual = np.asarray(host_checkpoint(mpi_run, 3, cfg).opt_state["residual"])
+    assert residual.shape[:2] == (2, 2) and residual.any()
 
 
 def test_an_mpi_checkpoint_resumes_on_xla(cfg, mpi_run, xla_run, tmp_path):

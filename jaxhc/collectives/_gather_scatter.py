@@ -15,6 +15,7 @@ from jax import lax
 from jaxhc._compat import axis_tuple, make_varying
 from jaxhc.codecs import Codec
 from jaxhc.collectives import _common as c
+from jaxhc.collectives import _feedback as ef
 from jaxhc.transport import current as transport
 
 
@@ -93,19 +94,23 @@ def scatter_plain(x, axis_name, dim, tiled, kind):
 def scatter(x, axis_name, dim, tiled, codec: Codec | None, kind, vma):
     return c.linear(
         x,
-        lambda a: _scatter_run(a, axis_name, dim, tiled, codec, kind),
+        lambda a: scatter_run(a, axis_name, dim, tiled, codec, kind),
         lambda ct: gather(ct, axis_name, dim, tiled, "varying", codec, kind, vma),
     )
 
 
-def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
+def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=None):
+    """This rank's reduced slice; with `residual` (error feedback), (that slice, new residual)."""
+    feedback = residual is not None
+    y, send = ef.carry(x, residual) if feedback else (None, x)
     if codec is None:
-        return scatter_plain(x, axis_name, dim, tiled, kind)
+        out = scatter_plain(send, axis_name, dim, tiled, kind)
+        return (out, ef.kept(y, send)) if feedback else out
     t = transport()
     parts = t.axis_size(axis_name)
     raw = (parts - 1) / parts * c.nbytes(x)
     agree = c.agreement_bytes(codec, parts)
-    moved = jnp.moveaxis(x, dim, 0)
+    moved = jnp.moveaxis(send, dim, 0)
     chunk_shape = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
     size = moved.size // parts
     rows = moved.reshape(parts, size)
@@ -114,7 +119,7 @@ def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
         reduced = reduced.reshape(chunk_shape)
         return jnp.moveaxis(reduced, 0, dim) if tiled else reduced
 
-    if t.fused(codec, x.dtype, axis_name):
+    if not feedback and t.fused(codec, x.dtype, axis_name):
         mine, wire, fell = t.fused_psum_scatter(rows, axis_name, codec)
         return c.record(axis_name, kind, raw, wire, fell, anchor=arrange(mine))
     rows, m = c.pad_rows(rows)
@@ -123,10 +128,17 @@ def _scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind):
     def compressed():
         got = t.all_to_all_rows(payloads, axis_name)
         c.record(axis_name, kind, raw, (parts - 1) * payloads.shape[1] + agree, anchor=got)
-        return arrange(codec.decode_sum(got, m, x.dtype)[:size])
+        out = arrange(codec.decode_sum(got, m, x.dtype)[:size])
+        if not feedback:
+            return out, None
+        decoded = c.decode_rows(codec, payloads, m, x.dtype)[:, :size].astype(y.dtype)
+        lost = jnp.moveaxis(y, dim, 0).reshape(parts, size) - decoded
+        return out, jnp.moveaxis(lost.reshape(moved.shape), 0, dim)
 
     def plain():
-        out = t.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
-        return c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
+        out = t.psum_scatter(send, axis_name, scatter_dimension=dim, tiled=tiled)
+        c.record(axis_name, kind, raw, raw + agree, True, anchor=out)
+        return out, ef.kept(y, send) if feedback else None
 
-    return c.guarded(ok, axis_name, codec, compressed, plain)
+    out, new = c.guarded(ok, axis_name, codec, compressed, plain)
+    return (out, new) if feedback else out

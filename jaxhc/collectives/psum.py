@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
-from jaxhc._compat import axis_tuple, make_varying
+from jaxhc._compat import axis_tuple, like, make_varying
 from jaxhc.codecs import Codec, CodecLike
 from jaxhc.collectives import _common as c
+from jaxhc.collectives import _feedback as ef
 from jaxhc.transport import current as transport
 
 
-def psum(x, axis_name, *, axis_index_groups=None, codec: CodecLike = None, policy=None, kind=None):
+def psum(
+    x,
+    axis_name,
+    *,
+    axis_index_groups=None,
+    codec: CodecLike = None,
+    policy=None,
+    kind=None,
+    residual=None,
+):
     """`jax.lax.psum` whose traffic is compressed by `codec` (or by `policy` for `kind` traffic).
 
     Each rank splits its array into P chunks, encodes them, and sends chunk j to rank j
@@ -22,14 +33,32 @@ def psum(x, axis_name, *, axis_index_groups=None, codec: CodecLike = None, polic
     to the plain psum for that call. Gradients flow through the same compressed algorithm,
     and so do `jax.jvp` tangents.
 
+    With ``residual=`` (error feedback, see `jaxhc.collectives._feedback`): each rank sends
+    ``x + residual`` and the call returns ``(out, new_residual)``; the residual has x's shape (and
+    tree) in float32 (float64 for float64 x) and starts at zero. Such calls are not differentiated
+    (they carry gradients) and do not take the MPI transport's fused path (they need the decoded
+    values of what this rank sent).
+
     >>> y = jaxhc.psum(grads, "data", codec="zfp:8")                 # doctest: +SKIP
     >>> y = jaxhc.psum(grads, "data", policy="zhybrid", kind="grad")  # doctest: +SKIP
+    >>> y, res = jaxhc.psum(grads, "data", codec="zfp:8", residual=res)  # doctest: +SKIP
     """
     if axis_index_groups is not None:
-        if codec is None and policy is None:
+        if codec is None and policy is None and residual is None:
             return jax.lax.psum(x, axis_name, axis_index_groups=axis_index_groups)
         raise ValueError("jaxhc.psum: axis_index_groups is not supported with compression")
+    if residual is not None:
+        one = lambda a, r: _one_ef(a, r, axis_name, codec, policy, kind)  # noqa: E731
+        return ef.pairs(one, x, residual, "jaxhc.psum")
     return jax.tree.map(lambda a: _one(a, axis_name, codec, policy, kind), x)
+
+
+def _one_ef(x, residual, axis_name, codec, policy, kind):
+    ef.check(x, residual, "jaxhc.psum")
+    chosen = c.resolve(x, axis_name, codec, policy, kind)
+    x, _ = c.prepare(x, axis_name)
+    residual, _ = c.prepare(residual, axis_name)
+    return _run(x, axis_name, chosen, kind, residual)
 
 
 def _one(x, axis_name, codec, policy, kind):
@@ -63,20 +92,29 @@ def _plain(x, axis_name, kind):
     return c.record(axis_name, kind, raw, raw, anchor=transport().psum(x, axis_name))
 
 
-def _run(x, axis_name, codec: Codec | None, kind):
+def _run(x, axis_name, codec: Codec | None, kind, residual=None):
+    """The compressed psum of `x`; with `residual`, (the psum of x + residual, new residual)."""
     t = transport()
     parts = t.axis_size(axis_name)
+    feedback = residual is not None
+    y, send = ef.carry(x, residual) if feedback else (None, x)
     if codec is None or parts == 1:
-        return _plain(x, axis_name, kind)
+        out = _plain(send, axis_name, kind)
+        return (out, ef.kept(y, send)) if feedback else out
     n, shape, dtype = x.size, x.shape, x.dtype
     raw = 2 * (parts - 1) / parts * c.nbytes(x)
-    if t.fused(codec, dtype, axis_name):
-        y, wire, fell = t.fused_psum(x, axis_name, codec)
-        return c.record(axis_name, kind, raw, wire, fell, anchor=y)
+    if not feedback and t.fused(codec, dtype, axis_name):
+        out, wire, fell = t.fused_psum(x, axis_name, codec)
+        return c.record(axis_name, kind, raw, wire, fell, anchor=out)
     agree = c.agreement_bytes(codec, parts)
-    rows, m = c.to_rows(x, parts)
+    rows, m = c.to_rows(send, parts)
     payloads, ok = c.encode_rows(codec, rows)
     sent = (parts - 1) * payloads.shape[1] + agree
+    mine = t.axis_index(axis_name) if feedback else None
+
+    def unrows(r):  # (P, m) rows -> x's shape, dropping the padding of to_rows
+        per = -(-max(n, 1) // parts)  # values per chunk before to_rows padded rows to m
+        return r[:, :per].reshape(-1)[:n].reshape(shape)
 
     def reduce_scatter_then_gather():
         reduced = codec.decode_sum(t.all_to_all_rows(payloads, axis_name), m, dtype)
@@ -87,18 +125,27 @@ def _run(x, axis_name, codec: Codec | None, kind):
             c.record(
                 axis_name, kind, raw, sent + (parts - 1) * payload.shape[0] + agree, anchor=got
             )
-            return c.decode_rows(codec, got, m, dtype)
+            out = c.decode_rows(codec, got, m, dtype)
+            # The owner's loss on its reduced chunk: the second encode's residual.
+            lost = reduced.astype(y.dtype) - out[mine].astype(y.dtype) if feedback else None
+            return out, lost
 
         def gather_raw():
             got = t.all_gather_rows(reduced, axis_name)
             wire = sent + (parts - 1) * c.nbytes(reduced) + agree
-            return c.record(axis_name, kind, raw, wire, True, anchor=got)
+            c.record(axis_name, kind, raw, wire, True, anchor=got)
+            return got, like(jnp.zeros(m, y.dtype), y) if feedback else None
 
-        out = c.guarded(ok2, axis_name, codec, gather, gather_raw)
-        per = -(-max(n, 1) // parts)  # values per chunk before to_rows padded rows to m
-        return out[:, :per].reshape(-1)[:n].reshape(shape)
+        out, lost2 = c.guarded(ok2, axis_name, codec, gather, gather_raw)
+        if not feedback:
+            return unrows(out), None
+        lost = c.to_rows(y, parts)[0] - c.decode_rows(codec, payloads, m, dtype).astype(y.dtype)
+        owned = jnp.arange(parts)[:, None] == mine
+        return unrows(out), unrows(jnp.where(owned, lost + lost2, lost))
 
     def plain():
-        return c.record(axis_name, kind, raw, raw + agree, True, anchor=t.psum(x, axis_name))
+        out = c.record(axis_name, kind, raw, raw + agree, True, anchor=t.psum(send, axis_name))
+        return out, ef.kept(y, send) if feedback else None
 
-    return c.guarded(ok, axis_name, codec, reduce_scatter_then_gather, plain)
+    out, new = c.guarded(ok, axis_name, codec, reduce_scatter_then_gather, plain)
+    return (out, new) if feedback else out

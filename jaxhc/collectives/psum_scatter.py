@@ -8,7 +8,8 @@ from jax import lax
 from jaxhc._checks import split_dim
 from jaxhc.codecs import CodecLike
 from jaxhc.collectives import _common as c
-from jaxhc.collectives._gather_scatter import scatter, scatter_plain
+from jaxhc.collectives import _feedback as ef
+from jaxhc.collectives._gather_scatter import scatter, scatter_plain, scatter_run
 from jaxhc.transport import current as transport
 
 
@@ -22,6 +23,7 @@ def psum_scatter(
     codec: CodecLike = None,
     policy=None,
     kind=None,
+    residual=None,
 ):
     """`jax.lax.psum_scatter` whose traffic is compressed by `codec` (or `policy` for `kind`).
 
@@ -29,10 +31,16 @@ def psum_scatter(
     rank j decodes the P pieces (its own included) and sums them in float32 in rank order. The
     gradient is a compressed `all_gather`.
 
+    With ``residual=`` (error feedback, as in `jaxhc.psum`): each rank sends ``x + residual`` and
+    the call returns ``(this rank's reduced slice, new_residual)``; the residual has x's shape.
+
     >>> shard = jaxhc.psum_scatter(g, "data", tiled=True, codec="zfp:8")  # doctest: +SKIP
+    >>> shard, res = jaxhc.psum_scatter(  # doctest: +SKIP
+    ...     g, "data", tiled=True, codec="zfp:8", residual=res
+    ... )
     """
     if axis_index_groups is not None:
-        if codec is None and policy is None:
+        if codec is None and policy is None and residual is None:
             return lax.psum_scatter(
                 x,
                 axis_name,
@@ -41,6 +49,17 @@ def psum_scatter(
                 tiled=tiled,
             )
         raise ValueError("jaxhc.psum_scatter: axis_index_groups is not supported with compression")
+    if residual is not None:
+
+        def one(a, r):
+            ef.check(a, r, "jaxhc.psum_scatter")
+            dim = _check_dim(a, scatter_dimension, tiled, transport().axis_size(axis_name))
+            chosen = c.resolve(a, axis_name, codec, policy, kind)
+            a, _ = c.prepare(a, axis_name)
+            r, _ = c.prepare(r, axis_name)
+            return scatter_run(a, axis_name, dim, tiled, chosen, kind, r)
+
+        return ef.pairs(one, x, residual, "jaxhc.psum_scatter")
     return jax.tree.map(
         lambda a: _one(a, axis_name, scatter_dimension, tiled, codec, policy, kind), x
     )

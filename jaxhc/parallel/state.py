@@ -16,6 +16,7 @@ from jaxhc.model import gpt
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.parallel import zero
 from jaxhc.parallel.layout import FlatLayout, param_specs
+from jaxhc.policy import Policy
 
 OPT_SPEC = P("pipe", "tensor", "data")  # AdamW moments: (pipe, tensor, padded flat params)
 
@@ -29,7 +30,10 @@ class TrainState:
                `jaxhc.parallel.layout`.
     opt_state: {"adam": optax AdamW state, "master": the exact parameters}; the moments and the
                master copy have shape (pipe, tensor, padded local parameter count) and are split
-               over "data" (ZeRO-1); AdamW's count is a replicated scalar.
+               over "data" (ZeRO-1); AdamW's count is a replicated scalar. Under a policy with
+               error feedback on "data" also "residual": what the grad codec has not yet delivered
+               of each device's flattened gradients, shape (pipe, tensor, data x padded local
+               count), one padded vector per device (see `jaxhc.psum_scatter` ``residual=``).
     """
 
     step: jax.Array
@@ -40,15 +44,19 @@ class TrainState:
 class Plan:
     """Shapes, PartitionSpecs and the flat ZeRO layout of a model on a mesh configuration."""
 
-    def __init__(self, model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg=None):
+    def __init__(self, model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg=None, policy=None):
         validate(model_cfg, mesh_cfg)
         self.model, self.mesh_cfg, self.optim = model_cfg, mesh_cfg, optim_cfg
         self.param_shapes = jax.eval_shape(functools.partial(gpt.init_params, model_cfg), 0)
         self.param_specs = param_specs(self.param_shapes)
         self.layout = FlatLayout(self.param_shapes, mesh_cfg)
+        self.error_feedback = error_feedback(policy, mesh_cfg)
         if optim_cfg is not None:
             chunk = jax.ShapeDtypeStruct((self.layout.chunk,), jnp.float32)
             self.opt_local = jax.eval_shape(functools.partial(zero.init_chunk, optim_cfg), chunk)
+            if self.error_feedback:
+                flat = jax.ShapeDtypeStruct((self.layout.padded,), jnp.float32)
+                self.opt_local = {**self.opt_local, "residual": flat}
             self.opt_specs = jax.tree.map(lambda x: OPT_SPEC if x.ndim else P(), self.opt_local)
             self.state_specs = TrainState(P(), self.param_specs, self.opt_specs)
 
@@ -56,8 +64,8 @@ class Plan:
         """The initial AdamW state as global host arrays."""
         m = self.mesh_cfg
 
-        def zeros(s):
-            return np.zeros((m.pipe, m.tensor, self.layout.padded) if s.ndim else (), s.dtype)
+        def zeros(s):  # a device's vector of s.shape[0] values, one per data rank
+            return np.zeros((m.pipe, m.tensor, m.data * s.shape[0]) if s.ndim else (), s.dtype)
 
         return jax.tree.map(zeros, self.opt_local)
 
@@ -65,6 +73,22 @@ class Plan:
         if len(shape) != 2 or shape[1] != width:
             raise ValueError(f"tokens have shape {tuple(shape)}; expected (batch, {width})")
         validate(self.model, self.mesh_cfg, batch_size=shape[0])
+
+
+def error_feedback(policy, mesh_cfg: MeshConfig) -> bool:
+    """Whether the train state carries residuals: the policy asks for error feedback on "data"
+    grad traffic and "data" has ranks to send to. Error feedback elsewhere is refused (one line):
+    the trainer's other grad reduction (shared embeddings over "pipe") keeps no residual."""
+    if policy is None:
+        return False
+    policy = Policy.load(policy)
+    for axis in ("tensor", "pipe"):
+        if policy.error_feedback(axis) and getattr(mesh_cfg, axis) > 1:
+            raise ValueError(
+                f"policy {policy.name}: axes.{axis}.error_feedback is not supported by the "
+                "trainer (only axes.data.error_feedback)"
+            )
+    return mesh_cfg.data > 1 and policy.error_feedback("data")
 
 
 def make_mesh(mesh_cfg: MeshConfig, devices=None) -> Mesh:
@@ -87,9 +111,11 @@ def shardings(mesh: Mesh, specs):
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
 
 
-def train_state_specs(model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig):
+def train_state_specs(
+    model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig, policy=None
+):
     """The PartitionSpecs of a TrainState (a TrainState of specs), e.g. for a launcher's `put`."""
-    return Plan(model_cfg, mesh_cfg, optim_cfg).state_specs
+    return Plan(model_cfg, mesh_cfg, optim_cfg, policy).state_specs
 
 
 # One compiled initializer per model config, run on the default device: every mesh gets the very
@@ -98,11 +124,16 @@ _init_params = jax.jit(gpt.init_params, static_argnums=0)
 
 
 def initial_state(
-    model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig, seed: int, params=None
+    model_cfg: GPTConfig,
+    mesh_cfg: MeshConfig,
+    optim_cfg: OptimConfig,
+    seed: int,
+    params=None,
+    policy=None,
 ) -> TrainState:
     """The fresh TrainState of `init_state` as global host (numpy) arrays, to place with
     `train_state_specs` where the mesh is not a `jax.sharding.Mesh` (one process per device)."""
-    plan = Plan(model_cfg, mesh_cfg, optim_cfg)
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
     params = _init_params(model_cfg, seed) if params is None else params
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
     return TrainState(np.zeros((), np.int32), params, plan.zero_opt_state())
@@ -115,15 +146,17 @@ def init_state(
     mesh: Mesh,
     seed: int,
     params=None,
+    policy=None,
 ) -> TrainState:
     """A fresh TrainState placed on `mesh`: parameters from `seed` (or the given single-layout
-    `params`, e.g. from `from_hf_gpt2`), zero AdamW moments, step 0.
+    `params`, e.g. from `from_hf_gpt2`), zero AdamW moments (and zero error-feedback residuals if
+    `policy` asks for them), step 0.
 
     The parameters depend on the seed only, not on the mesh: the same seed gives the same model on
     every mesh, so runs on different meshes are comparable.
     """
     check_mesh(mesh, mesh_cfg)
-    plan = Plan(model_cfg, mesh_cfg, optim_cfg)
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
     params = from_single(_init_params(model_cfg, seed) if params is None else params, mesh)
     opt_state = jax.device_put(plan.zero_opt_state(), shardings(mesh, plan.opt_specs))
     step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(mesh, P()))

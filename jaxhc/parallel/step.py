@@ -109,8 +109,8 @@ def per_shard_train_step(
     For a launcher that runs per-shard functions itself (one process per device); the batch is
     not validated here (`validate(..., batch_size=)` it first).
     """
-    plan = Plan(model_cfg, mesh_cfg, optim_cfg)
     policy = _policy(policy)
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
 
     def step(state: TrainState, tokens):
         loss, grads = _loss_and_grads(state.params, tokens, model_cfg, mesh_cfg, policy)
@@ -161,7 +161,7 @@ def make_train_step(
     metrics): dozens of queued executions with collectives trip XLA's rendezvous timeout.
     """
     check_mesh(mesh, mesh_cfg)
-    plan = Plan(model_cfg, mesh_cfg, optim_cfg)
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg, _policy(policy))
     per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy)
     specs = plan.state_specs
     sharded = _map(per_shard, mesh, (specs, P("data")), (specs, METRIC_SPECS))

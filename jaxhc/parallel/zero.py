@@ -67,12 +67,17 @@ def init_chunk(cfg: OptimConfig, chunk: jax.Array) -> dict:
     }
 
 
-def reduce_gradients(grads, layout: FlatLayout, policy) -> jax.Array:
-    """This rank's chunk of the flattened gradients, summed over "data"."""
+def reduce_gradients(grads, layout: FlatLayout, policy, residual=None):
+    """This rank's chunk of the flattened gradients, summed over "data".
+
+    With `residual` (error feedback: this device's padded flat vector), (chunk, new residual).
+    """
     flat = layout.flatten(grads)
     if jaxhc.axis_size("data") == 1:
-        return flat
-    return jaxhc.psum_scatter(flat, "data", tiled=True, policy=policy, kind="grad")
+        return flat if residual is None else (flat, residual)
+    return jaxhc.psum_scatter(
+        flat, "data", tiled=True, policy=policy, kind="grad", residual=residual
+    )
 
 
 def chunk_start(layout: FlatLayout) -> jax.Array:
@@ -93,8 +98,15 @@ def psum_scalar(x: jax.Array, axes) -> jax.Array:
 
 
 def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig, policy):
-    """One ZeRO-1 AdamW step: (new params, new opt_state, grad_norm, lr). Runs per shard."""
-    g = reduce_gradients(grads, layout, policy)
+    """One ZeRO-1 AdamW step: (new params, new opt_state, grad_norm, lr). Runs per shard.
+
+    An ``opt_state["residual"]`` (error feedback) goes into the gradient reduction and comes back
+    updated."""
+    residual = opt_state.get("residual")
+    if residual is None:
+        g = reduce_gradients(grads, layout, policy)
+    else:
+        g, residual = reduce_gradients(grads, layout, policy, residual)
     norm = global_norm(g, layout)
     if cfg.grad_clip > 0:  # the same expression as optax.clip_by_global_norm
         g = jnp.where(norm < cfg.grad_clip, g, g / norm * cfg.grad_clip)
@@ -108,6 +120,8 @@ def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig,
     updates, adam = adamw(cfg, lr, decay).update(g, opt_state["adam"], p)
     p = optax.apply_updates(p, updates)
     opt_state = {"adam": adam, "master": p}
+    if residual is not None:
+        opt_state["residual"] = residual
     if jaxhc.axis_size("data") > 1:
         p = jaxhc.all_gather(p, "data", tiled=True, policy=policy, kind="param")
     return layout.unflatten(p), opt_state, norm, lr

@@ -103,13 +103,15 @@ class XlaRunner(Runner):
         self.cfg = cfg
         self.devices = [str(d) for d in devices]
         self.mesh = make_mesh(cfg.mesh, devices)
-        policy = Policy.load(cfg.compression)
+        self.policy = policy = Policy.load(cfg.compression)
         self._step = make_train_step(cfg.model, cfg.mesh, cfg.optim, self.mesh, policy)
         self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
 
     def init_state(self):
         cfg = self.cfg
-        return init_state(cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed)
+        return init_state(
+            cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, policy=self.policy
+        )
 
     def restore(self, checkpoints, state):
         return checkpoints.restore(state)

@@ -120,8 +120,8 @@ class MpiRunner(Runner):
         where = f"{jax.devices()[0]} on {socket.gethostname()}"
         self.devices = [f"rank {r}: {d}" for r, d in enumerate(self.comm.allgather(where))]
 
-        policy = Policy.load(cfg.compression)
-        self.specs = train_state_specs(cfg.model, cfg.mesh, cfg.optim)
+        self.policy = policy = Policy.load(cfg.compression)
+        self.specs = train_state_specs(cfg.model, cfg.mesh, cfg.optim, policy)
         self._step = self.launcher.shard_map(
             per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy),
             in_specs=(self.specs, P("data")),
@@ -147,8 +147,8 @@ class MpiRunner(Runner):
         """The fresh global state as host arrays on rank 0; its structure elsewhere."""
         cfg = self.cfg
         if self.writer:
-            return initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed)
-        plan = Plan(cfg.model, cfg.mesh, cfg.optim)
+            return initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed, policy=self.policy)
+        plan = Plan(cfg.model, cfg.mesh, cfg.optim, self.policy)
         return TrainState(0, plan.param_shapes, plan.opt_local)
 
     def init_state(self):
