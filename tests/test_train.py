@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from jaxhc import cli
-from jaxhc.codecs import Mpc, Zfp
+from jaxhc.codecs import Mpc, Quant, Zfp
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Checkpoints
 
@@ -57,6 +57,10 @@ def assert_compressed(record: dict, policy: str, axes) -> None:
         if isinstance(codec, Zfp):
             # fixed rate, plus the rows' padding and the 4-byte agreement flags
             assert raw * codec.rate / 32 < wire < raw * codec.rate / 32 * 1.02, where
+            assert fell == 0, where
+        elif isinstance(codec, Quant):  # fixed size: codes, a float32 scale a block, padding
+            bits = codec.bits_per_value
+            assert raw * codec.bits / 32 < wire < raw * bits / 32 * 1.05, where
             assert fell == 0, where
         elif isinstance(codec, Mpc):  # the static budget moves; some messages may not fit it
             assert wire < raw, where
