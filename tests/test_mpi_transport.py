@@ -146,7 +146,6 @@ def test_error_feedback_matches_xla(shape, codec, nan):
     """psum / psum_scatter with residuals take the unfused algorithm over MPI: XLA's bits, the
     residuals included, also when a NaN on the last rank sends everyone down the raw path."""
     _need(shape)
-    h.skip_if_codec_missing(codec)
     x = h.global_input(shape, nan_at=SIZE - 1 if nan else None)
     _compare(shape, "error_feedback", codec, x)
 
