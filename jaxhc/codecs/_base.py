@@ -33,6 +33,8 @@ class Codec(abc.ABC):
 
     #: True when decode(encode(x)) == x bit for bit.
     lossless: bool
+    #: The dtypes it compresses (`supports`, `check_dtype`).
+    dtypes = FLOAT_DTYPES
 
     @property
     @abc.abstractmethod
@@ -80,14 +82,15 @@ class Codec(abc.ABC):
 
     def supports(self, dtype) -> bool:
         """Whether this codec compresses `dtype` (collectives send other dtypes raw)."""
-        return jnp.dtype(dtype) in [jnp.dtype(d) for d in FLOAT_DTYPES]
+        return jnp.dtype(dtype) in [jnp.dtype(d) for d in self.dtypes]
 
     def check_dtype(self, dtype) -> np.dtype:
         dtype = jnp.dtype(dtype)
         if not self.supports(dtype):
+            names = [jnp.dtype(d).name for d in self.dtypes]
             raise ValueError(
                 f"codec {self.spec!r} cannot encode dtype {dtype}: "
-                "it takes float16, bfloat16, float32 or float64"
+                f"it takes {', '.join(names[:-1])} or {names[-1]}"
             )
         return dtype
 

@@ -42,6 +42,7 @@ class Quant(FixedSizeCodec):
     bits: int = 8
     block: int = DEFAULT_BLOCK
     kernel = "quant"
+    dtypes = DTYPES
 
     def __post_init__(self):
         if isinstance(self.bits, bool) or self.bits not in BITS:
@@ -65,18 +66,6 @@ class Quant(FixedSizeCodec):
     @property
     def qmax(self) -> int:
         return (1 << (self.bits - 1)) - 1
-
-    def supports(self, dtype) -> bool:
-        return jnp.dtype(dtype) in [jnp.dtype(d) for d in DTYPES]
-
-    def check_dtype(self, dtype) -> jnp.dtype:
-        dtype = jnp.dtype(dtype)
-        if not self.supports(dtype):
-            raise ValueError(
-                f"codec {self.spec!r} cannot encode dtype {dtype}: "
-                "it takes float32, bfloat16 or float16"
-            )
-        return dtype
 
     def payload_bytes(self, n: int, dtype=jnp.float32) -> int:
         self.check_dtype(dtype)
