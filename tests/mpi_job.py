@@ -3,11 +3,15 @@
 mpirun -np 2 python tests/mpi_job.py raise      # rank 1 raises while rank 0 sits in a collective
 mpirun -np 2 python tests/mpi_job.py mismatch   # ranks call one step with different shapes
 mpirun -np 2 python tests/mpi_job.py ok         # a psum that works (prints the result)
+mpirun -np 2 python tests/mpi_job.py die        # rank 1 is SIGKILLed while rank 0 keeps stepping
 python tests/mpi_job.py distributed             # XLA transport after jax.distributed (JAXHC_*)
+python tests/mpi_job.py distributed-die         # as distributed; then process 1 is SIGKILLed
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import numpy as np
@@ -40,17 +44,25 @@ def mpi_job(mode: str) -> None:
             block = block[:, :4]
         step(block)
         print(f"rank {rank} ran a step with mismatched shapes", flush=True)
+    elif mode == "die":
+        launcher.fetch(step(launcher.put(x, P("data"))), P())
+        print(f"rank {rank} stepped once", flush=True)
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        for _ in range(100_000):  # rank 0 waits for rank 1 in the next psum
+            launcher.fetch(step(launcher.put(x, P("data"))), P())
+        print("rank 0 kept stepping without rank 1", flush=True)
     else:
         out = launcher.fetch(step(launcher.put(x, P("data"))), P())
         print(f"rank {rank} ok {out.tolist()}", flush=True)
 
 
-def distributed_job() -> None:
+def distributed_job(die: bool = False) -> None:
     import jax
 
     import jaxhc
 
-    env = jaxhc.launch.init_distributed()
+    env = jaxhc.launch.init_distributed(heartbeat_timeout_s=10 if die else 30)
     x = np.arange(4 * 3, dtype=np.float32).reshape(4, 3)
     out = jaxhc.run(
         body,
@@ -66,12 +78,20 @@ def distributed_job() -> None:
     assert jax.device_count() == 4 and jax.local_device_count() == 2
     assert np.array_equal(out, want), (out, want)
     print(f"process {env.process_id} distributed ok {out.tolist()}", flush=True)
+    if die:
+        if env.process_id == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        launcher = jaxhc.Launcher({"data": 4}, "xla")
+        step = launcher.shard_map(body, in_specs=P("data"), out_specs=P())
+        for _ in range(100_000):  # process 0 waits for process 1 in the next psum
+            jax.block_until_ready(step(x))
+        print("process 0 kept stepping without process 1", flush=True)
     jax.distributed.shutdown()
 
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    if mode == "distributed":
-        distributed_job()
+    if mode.startswith("distributed"):
+        distributed_job(die=mode == "distributed-die")
     else:
         mpi_job(mode)

@@ -215,10 +215,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_jax_distributed_two_processes_on_localhost():
-    """The XLA transport over 2 processes x 2 CPU devices (gloo), started by JAXHC_* variables."""
+def _distributed(mode, timeout=120):
+    """Two processes x 2 CPU devices (gloo) started by JAXHC_* variables, running `mode` of
+    tests/mpi_job.py; returns the processes, their outputs and the seconds until both ended."""
     port = _free_port()
     procs = []
+    start = time.monotonic()
     for pid in range(2):
         env = dict(
             os.environ,
@@ -231,7 +233,7 @@ def test_jax_distributed_two_processes_on_localhost():
             del env[k]
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(JOB), "distributed"],
+                [sys.executable, str(JOB), mode],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -241,15 +243,50 @@ def test_jax_distributed_two_processes_on_localhost():
     outs = []
     try:
         for p in procs:
-            outs.append(p.communicate(timeout=120)[0])
+            outs.append(p.communicate(timeout=timeout)[0])
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    return procs, outs, time.monotonic() - start
+
+
+def test_jax_distributed_two_processes_on_localhost():
+    """The XLA transport over 2 processes x 2 CPU devices (gloo), started by JAXHC_* variables."""
+    procs, outs, _ = _distributed("distributed")
     for pid, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, out
         assert f"process {pid} distributed ok [[18.0, 22.0, 26.0]]" in out, out
+
+
+# --- a process killed mid-job ---------------------------------------------------------------------
+
+
+@needs_mpi
+def test_a_rank_killed_mid_job_ends_it_naming_the_rank():
+    """Rank 1 is SIGKILLed while rank 0 waits for it in a psum: mpirun ends the job and names it."""
+    proc, took = _mpirun(2, "die")
+    out = proc.stdout + proc.stderr
+    assert "rank 1 stepped once" in out, out
+    assert proc.returncode != 0, out
+    assert "process rank 1 with PID" in out and "signal 9" in out, out
+    assert "kept stepping" not in out, out
+    assert took < 60, took
+
+
+def test_a_jax_distributed_peer_killed_mid_job_ends_it_naming_the_task():
+    """Process 1 is SIGKILLed while process 0 waits for it in a psum (gloo): jax's coordination
+    service misses its heartbeats and ends process 0 with a message naming task 1, after the
+    heartbeat timeout `init_distributed` sets (10 s here, 30 s by default; jax's own is 100 s)."""
+    procs, (out0, out1), took = _distributed("distributed-die")
+    assert "process 1 distributed ok" in out1, out1
+    assert procs[1].returncode == -9, out1
+    assert "process 0 distributed ok" in out0, out0
+    assert procs[0].returncode != 0, out0
+    assert "Task 1 heartbeat timeout" in out0, out0
+    assert "kept stepping" not in out0, out0
+    assert took < 60, took
 
 
 # --- collectives fixes found by comparing the transports ------------------------------------------

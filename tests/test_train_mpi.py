@@ -14,6 +14,8 @@ What must hold, and how exactly:
 - Resuming is bit-exact within a transport (XLA here, MPI in the slow test), and checkpoints cross
   transports (the MPI run's resumes on XLA).
 - A mesh that does not match `-np` ends the job with one line.
+- A rank killed mid-run ends the job within a minute, naming the rank; the last checkpoint loads
+  and the run resumes from it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -34,7 +37,7 @@ import pytest
 from jaxhc.parallel import initial_state
 from jaxhc.train.checkpoint import Checkpoints
 from jaxhc.train.config import load
-from jaxhc.train.loop import train
+from jaxhc.train.loop import XlaRunner, run_loop, train
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "experiments" / "default.yaml"
@@ -81,8 +84,8 @@ def _jaxhc() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "jaxhc.cli"]
 
 
-def mpirun_train(np_: int, out: Path, overrides: list[str], *, resume=False, timeout=240):
-    """`mpirun -np N jaxhc train --transport mpi ...`; returns (process, seconds)."""
+def _train_command(np_: int, out: Path, overrides: list[str], resume=False):
+    """`mpirun -np N jaxhc train --transport mpi ...` and its environment."""
     cmd = MPIRUN + ["-np", str(np_)] + _jaxhc()
     cmd += ["train", "--transport", "mpi", "--config", str(CONFIG), "--out", str(out)]
     cmd += ["--no-progress"] + (["--resume"] if resume else []) + overrides
@@ -91,6 +94,12 @@ def mpirun_train(np_: int, out: Path, overrides: list[str], *, resume=False, tim
         XLA_FLAGS="--xla_force_host_platform_device_count=1",
         OMPI_MCA_mpi_yield_when_idle="1",  # waiting ranks give the 2 cores to those computing
     )
+    return cmd, env
+
+
+def mpirun_train(np_: int, out: Path, overrides: list[str], *, resume=False, timeout=240):
+    """`mpirun -np N jaxhc train --transport mpi ...`; returns (process, seconds)."""
+    cmd, env = _train_command(np_, out, overrides, resume)
     start = time.monotonic()
     # `timeout` ends mpirun (and so its ranks) even if this test's own timeout fires first.
     proc = subprocess.run(
@@ -232,3 +241,57 @@ def test_mpi_resume_is_bit_exact(policy, cfg, mpi_run, tmp_path):
     print(f"\nmpirun -np 8 --resume, 1 step: {took:.1f} s")
     assert_same_records(records(run), records(mpi_run))
     assert_same_states(host_checkpoint(run, 3, cfg), host_checkpoint(mpi_run, 3, cfg))
+
+
+def _rank_pid(mpirun: int, rank: int) -> int | None:
+    """The process id of MPI rank `rank` among mpirun's children (read from their environment)."""
+    children = Path(f"/proc/{mpirun}/task/{mpirun}/children")
+    for pid in children.read_text().split() if children.exists() else []:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # it has just ended
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            return int(pid)
+    return None
+
+
+def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(policy, tmp_path):
+    """`mpirun -np 2 jaxhc train`, data=2; once checkpoint 2 exists, rank 1 is SIGKILLed (in a step
+    or while rank 0 writes a checkpoint). mpirun ends the job naming rank 1 within a minute; the
+    latest complete checkpoint loads and `--resume` (here on the XLA transport) continues from
+    it, the metrics truncated to the steps before it."""
+    run = tmp_path / "run"
+    overrides = _overrides(policy, 200) + ["mesh.data=2", "mesh.tensor=1", "mesh.pipe=1"]
+    cmd, env = _train_command(2, run, overrides)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "checkpoints" / "2").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.05)
+        victim = _rank_pid(proc.pid, 1)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        out = proc.communicate(timeout=120)[0]
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0, out
+    assert "process rank 1 with PID" in out and "signal 9" in out, out
+    assert took < 60, took
+
+    checkpoints = Checkpoints(str(run / "checkpoints"))
+    latest = checkpoints.latest_step()
+    checkpoints.close()
+    assert latest is not None and latest >= 2 and latest % 2 == 0
+    cfg = load(str(CONFIG), [*overrides, f"train.steps={latest + 1}"])
+    runner = XlaRunner(cfg, jax.devices()[:2])  # this process has 8 devices; the mesh needs 2
+    summary = run_loop(cfg, str(run), runner, resume=True, progress=False)
+    assert summary["step"] == latest and np.isfinite(summary["loss"])
+    assert [r["step"] for r in records(run)] == list(range(latest + 1))

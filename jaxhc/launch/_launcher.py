@@ -42,11 +42,18 @@ def init_mpi(mesh_shape: Mapping[str, int], *, abort_on_error: bool = True, sele
 
 
 def init_distributed(
-    env: ProcessEnv | None = None, *, local_device_ids=None, cpu_collectives="gloo"
+    env: ProcessEnv | None = None,
+    *,
+    local_device_ids=None,
+    cpu_collectives="gloo",
+    heartbeat_timeout_s: int = 30,
 ):
     """`jax.distributed.initialize` from mpirun / SLURM / JAXHC_* variables (no-op for one process).
 
-    On CPU, cross-process collectives go through `cpu_collectives` ("gloo" over TCP). Returns the
+    On CPU, cross-process collectives go through `cpu_collectives` ("gloo" over TCP). A process
+    that dies (killed, crashed) stops sending heartbeats; after `heartbeat_timeout_s` jax's
+    coordination service ends every other process with "Task <id> heartbeat timeout" (jax's own
+    default, 100 s, leaves the others hanging in their collectives for that long). Returns the
     `ProcessEnv` used.
     """
     env = env or ProcessEnv.from_env()
@@ -64,6 +71,7 @@ def init_distributed(
         num_processes=env.num_processes,
         process_id=env.process_id,
         local_device_ids=local_device_ids,
+        heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
     return env
 
