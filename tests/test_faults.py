@@ -13,12 +13,20 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_train
 from checkpoint_job import big_state
+from test_train_mpi import host_checkpoint
 
+import jaxhc
+from jaxhc.parallel import zero
+from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import MANIFEST, Checkpoints
+from jaxhc.train.config import load
+from jaxhc.train.loop import XlaRunner, run_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = Path(__file__).with_name("checkpoint_job.py")
@@ -186,3 +194,95 @@ def test_resume_from_a_corrupted_checkpoint_is_one_line_and_overwrites_nothing(
     assert err.startswith(f"jaxhc train: error: checkpoint file {victim} is corrupt"), err
     assert "\n" not in err and "step 2 is the newest intact checkpoint" in err, err
     assert _tree_bytes(run) == before
+
+
+# --- a NaN storm: one rank's gradients non-finite for several steps -------------------------------
+
+
+def _lossy_data_policies() -> dict[str, str]:
+    """One shipped policy per distinct lossy codec of the "data" axis (which carries the
+    gradients here): every lossy preset is one of these on a data-only mesh."""
+    chosen: dict[tuple, str] = {}
+    for path in sorted((ROOT / "configs" / "policy").glob("*.yaml")):
+        policy = Policy.load(str(path))
+        codec = policy.codec_for("data", "grad")
+        if codec is not None and not codec.lossless:
+            chosen.setdefault((codec.spec, policy.error_feedback("data")), path.stem)
+    return {name: name for name in sorted(chosen.values())}
+
+
+def _storm(first: int, steps: int, monkeypatch) -> None:
+    """Data rank 1's gradients are +Inf at step `first` and NaN at the `steps - 1` after it (the
+    per-shard update is wrapped; the product code is unchanged)."""
+    update = zero.update
+
+    def poisoned(params, opt_state, grads, step, *args):
+        storm = (jaxhc.axis_index("data") == 1) & (step >= first) & (step < first + steps)
+        bad = jnp.where(step == first, jnp.inf, jnp.nan)
+        grads = jax.tree.map(lambda g: jnp.where(storm, bad.astype(g.dtype), g), grads)
+        return update(params, opt_state, grads, step, *args)
+
+    monkeypatch.setattr(zero, "update", poisoned)
+
+
+def _train_in_process(run: Path, policy: str, tmp_path, *extra: str) -> dict:
+    cfg = load(None, [*TINY, "train.steps=6", f"compression={policy}", *extra])
+    runner = XlaRunner(cfg, jax.devices()[:2])  # this process has 8 devices; the mesh needs 2
+    return cfg, run_loop(cfg, str(run), runner, resume=False, progress=False)
+
+
+@pytest.mark.parametrize("preset", _lossy_data_policies())
+def test_a_nan_storm_is_skipped_on_every_rank_and_never_encoded(preset, tmp_path, monkeypatch):
+    """Steps 2 and 3 with Inf / NaN gradients on data rank 1: both fall back to raw (the lossy
+    codec never encodes them), both are skipped on every rank, and the state after the storm is
+    the state before it, bit for bit (parameters, moments, master copy, residuals); training
+    then goes on compressed."""
+    _storm(2, 2, monkeypatch)
+    policy = test_train.every_message(preset, tmp_path)
+    cfg, _ = _train_in_process(tmp_path / "run", policy, tmp_path)
+    records = _records(tmp_path / "run")
+    assert [r["skipped"] for r in records] == [False, False, True, True, False, False]
+    for r in records:
+        storm = r["step"] in (2, 3)
+        assert (r["fallbacks"]["data"] > 0) == storm, r
+        assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) != storm, r
+    before, after = (
+        host_checkpoint(tmp_path / "run", 2, cfg),
+        host_checkpoint(tmp_path / "run", 4, cfg),
+    )
+    assert int(after.step) == 4
+    kept = (before.params, before.opt_state), (after.params, after.opt_state)
+    for a, b in zip(*map(jax.tree.leaves, kept), strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_a_storm_longer_than_max_skipped_steps_stops_in_one_line(tmp_path, monkeypatch):
+    """Steps 2, 3 and 4 non-finite with train.max_skipped_steps=2: the run stops at step 4; its
+    checkpoints are step 2 and step 4 (the state of step 2, kept through the skipped steps)."""
+    _storm(2, 3, monkeypatch)
+    policy = test_train.every_message("zhybrid_ef", tmp_path)
+    with pytest.raises(FloatingPointError) as e:
+        _train_in_process(tmp_path / "run", policy, tmp_path, "train.max_skipped_steps=2")
+    assert str(e.value) == (
+        "steps 2-4: gradients not finite 3 times in a row (train.max_skipped_steps=2); "
+        "stopping with the state before step 2 (checkpoints kept)"
+    )
+    assert [r["skipped"] for r in _records(tmp_path / "run")] == [False, False, True, True]
+    checkpoints = Checkpoints(str(tmp_path / "run" / "checkpoints"))
+    try:
+        assert checkpoints.steps() == [2, 4]
+        assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["2", "4"]
+    finally:
+        checkpoints.close()
+
+
+def test_a_non_finite_state_is_never_checkpointed(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "checkpoints"))
+    try:
+        assert checkpoints.save(1, {"w": np.ones(4, np.float32)})
+        for bad in (np.nan, np.inf):
+            assert not checkpoints.save(2, {"w": np.array([1, bad, 1, 1], np.float32)})
+        assert checkpoints.steps() == [1]
+        assert os.listdir(tmp_path / "checkpoints") == ["1"]
+    finally:
+        checkpoints.close()

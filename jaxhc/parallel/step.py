@@ -33,7 +33,7 @@ from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
 from jaxhc.policy import Policy
 
-METRIC_SPECS = {"loss": P(), "grad_norm": P(), "lr": P()}
+METRIC_SPECS = {"loss": P(), "grad_norm": P(), "lr": P(), "skipped": P()}
 
 
 def _policy(policy) -> Policy | None:
@@ -124,7 +124,8 @@ def per_shard_train_step(
             policy,
         )
         new = TrainState(state.step + 1, params, _global_opt(opt_state))
-        return new, {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+        skipped = jnp.logical_not(jnp.isfinite(grad_norm))  # zero.update left the state as it was
+        return new, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": skipped}
 
     return step
 
@@ -153,7 +154,8 @@ def make_train_step(
     ``tokens[:, 1:]``); global_batch must be divisible by mesh data x microbatches. A host array is
     placed split over "data".
     metrics: float32 scalars ``loss`` (mean next-token cross-entropy of the batch, before the
-    update), ``grad_norm`` (before clipping) and ``lr`` (the rate this step applied).
+    update), ``grad_norm`` (before clipping), ``lr`` (the rate this step applied) and ``skipped``
+    (bool: the gradients were not finite on some rank, and the update was skipped on every rank).
     policy: a `jaxhc.Policy`, a preset name or YAML path, or None for plain `jax.lax` collectives.
     Traffic is recorded by jaxhc's collectives in any active `jaxhc.accounting.Ledger`.
 

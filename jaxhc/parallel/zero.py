@@ -101,13 +101,17 @@ def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig,
     """One ZeRO-1 AdamW step: (new params, new opt_state, grad_norm, lr). Runs per shard.
 
     An ``opt_state["residual"]`` (error feedback) goes into the gradient reduction and comes back
-    updated."""
+    updated. A step whose gradient norm is not finite (NaN/Inf on any rank reaches every rank's
+    norm, so all ranks agree) is skipped: parameters, moments, master copy and residual stay as
+    they were (the lossy codecs' agreed fallback kept the NaN off their encoders)."""
+    old = opt_state
     residual = opt_state.get("residual")
     if residual is None:
         g = reduce_gradients(grads, layout, policy)
     else:
         g, residual = reduce_gradients(grads, layout, policy, residual)
     norm = global_norm(g, layout)
+    finite = jnp.isfinite(norm)
     if cfg.grad_clip > 0:  # the same expression as optax.clip_by_global_norm
         g = jnp.where(norm < cfg.grad_clip, g, g / norm * cfg.grad_clip)
     start = chunk_start(layout)
@@ -118,10 +122,12 @@ def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig,
     decay = cfg.weight_decay * layout.per_element([*layout.decayed, False], start, layout.chunk)
     lr = lr_schedule(cfg)(step)
     updates, adam = adamw(cfg, lr, decay).update(g, opt_state["adam"], p)
-    p = optax.apply_updates(p, updates)
-    opt_state = {"adam": adam, "master": p}
+    opt_state = {"adam": adam, "master": optax.apply_updates(p, updates)}
     if residual is not None:
         opt_state["residual"] = residual
+    kept = {**old, "master": p}
+    opt_state = jax.tree.map(lambda new, was: jnp.where(finite, new, was), opt_state, kept)
+    p = opt_state["master"]
     if jaxhc.axis_size("data") > 1:
         p = jaxhc.all_gather(p, "data", tiled=True, policy=policy, kind="param")
     return layout.unflatten(p), opt_state, norm, lr

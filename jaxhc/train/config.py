@@ -6,9 +6,7 @@ import dataclasses
 import os
 from typing import Any
 
-import yaml
-
-from jaxhc._checks import whole_number
+from jaxhc._checks import read_yaml, whole_number, yaml_value
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig
 from jaxhc.policy import Policy
 
@@ -26,6 +24,9 @@ class TrainConfig:
     eval_batches: int = 4
     ckpt_every: int = 100
     keep_checkpoints: int = 3
+    # Steps whose gradients are not finite are skipped (the state stays); this many in a row end
+    # the run with an error (0: the first one does).
+    max_skipped_steps: int = 5
 
     def __post_init__(self):
         for key in (
@@ -38,6 +39,7 @@ class TrainConfig:
         ):
             whole_number(f"train.{key}", getattr(self, key))
         whole_number("train.seed", self.seed, least=0)
+        whole_number("train.max_skipped_steps", self.max_skipped_steps, least=0)
 
 
 SECTIONS = {"model": GPTConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig}
@@ -121,8 +123,7 @@ def load(path: str | None, overrides: list[str] = ()) -> ExperimentConfig:
     if path is not None:
         if not os.path.exists(path):
             raise ValueError(f"config file {path!r} does not exist")
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
+        data = read_yaml(path) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of config sections")
     for item in overrides:
@@ -135,7 +136,7 @@ def load(path: str | None, overrides: list[str] = ()) -> ExperimentConfig:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"override {item!r}: {part!r} is not a section")
-        node[leaf] = yaml.safe_load(raw)
+        node[leaf] = yaml_value(raw, f"override {item!r}")
     return from_dict(data)
 
 

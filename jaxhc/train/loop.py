@@ -171,6 +171,7 @@ def run_loop(
     flops = flops_per_token(cfg.model, n_params) * tokens_per_step
     ledger = jaxhc.accounting.Ledger()
     record: dict = {}
+    skipped_in_a_row = 0
 
     with contextlib.ExitStack() as stack:
         shown = Progress.of(progress) if writer else Progress(enabled=False)
@@ -183,17 +184,28 @@ def run_loop(
             with ledger:
                 state, metrics = runner.step(state, tokens)
             seconds = time.perf_counter() - t0
-            loss = float(metrics["loss"])
-            if not math.isfinite(loss):
+            loss, skipped = float(metrics["loss"]), bool(metrics["skipped"])
+            skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
+            if skipped_in_a_row > cfg.train.max_skipped_steps:
+                first = step - skipped_in_a_row + 1
+                raise FloatingPointError(
+                    f"steps {first}-{step}: gradients not finite {skipped_in_a_row} times in a row "
+                    f"(train.max_skipped_steps={cfg.train.max_skipped_steps}); stopping with the "
+                    f"state before step {first} (checkpoints kept)"
+                )
+            if not (skipped or math.isfinite(loss)):
                 raise FloatingPointError(
                     f"step {step}: loss is {loss}; stopping (checkpoints kept)"
                 )
+            if skipped:
+                bar.note(f"step {step}: gradients not finite; update skipped")
             traffic, seconds = runner.step_stats(ledger, seconds)
             record = {
                 "step": step,
                 "loss": loss,
                 "lr": float(metrics["lr"]),
                 "grad_norm": float(metrics["grad_norm"]),
+                "skipped": skipped,
                 "seconds": seconds,
                 "tokens_per_s": tokens_per_step / seconds,
                 "model_tflops": flops / seconds / 1e12,
