@@ -113,17 +113,15 @@ def cmd_report(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    import yaml
-
+    from jaxhc._checks import read_yaml
     from jaxhc.train.config import load
     from jaxhc.train.loop import train
     from jaxhc.train.report import report
 
-    with open(args.sweep) as f:
-        sweep = yaml.safe_load(f) or {}
+    sweep = read_yaml(args.sweep) or {}
     unknown = set(sweep) - {"base", "policies", "out", "overrides"}
     if unknown:
-        raise ValueError(f"{args.sweep}: unknown sweep key {sorted(unknown)[0]!r}")
+        raise ValueError(f"{args.sweep}: unknown sweep key {sorted(unknown, key=str)[0]!r}")
     base = sweep.get("base")
     if base is not None and not os.path.isabs(base):
         base = os.path.join(os.path.dirname(os.path.abspath(args.sweep)), base)
@@ -184,6 +182,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"jaxhc {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except FloatingPointError as e:  # the run diverged (see train.max_skipped_steps)
+        print(f"jaxhc {args.command}: stopped: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

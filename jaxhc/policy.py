@@ -31,8 +31,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
+from jaxhc._checks import read_yaml
 from jaxhc.codecs import Codec, Identity, Mpc, Quant, Zfp, parse
 
 __all__ = ["KINDS", "PRESETS", "AxisPolicy", "Policy"]
@@ -104,7 +103,7 @@ class Policy:
         name = str(data.get("name", name or "custom"))
         unknown = set(data) - {"name", "min_bytes", "axes"}
         if unknown:
-            raise ValueError(f"policy {name}: unknown key {sorted(unknown)[0]!r}")
+            raise ValueError(f"policy {name}: unknown key {sorted(unknown, key=str)[0]!r}")
         axes = data.get("axes") or {}
         if not isinstance(axes, Mapping):
             raise ValueError(f"policy {name}: 'axes' must map axis names to codecs")
@@ -116,8 +115,7 @@ class Policy:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> Policy:
-        with open(path) as f:
-            data = yaml.safe_load(f)
+        data = read_yaml(path)
         stem = os.path.splitext(os.path.basename(path))[0]
         try:
             return cls.from_dict(data, name=stem)
@@ -184,7 +182,7 @@ def _codec(entry: Any, where: str) -> Codec | None:
         kind = str(entry.pop("codec", "")).lower()
         if ":" in kind:  # {codec: "zfp:8"} (plus per-kind overrides, popped by the caller)
             if entry:
-                raise ValueError(f"{where}: unknown key {sorted(entry)[0]!r}")
+                raise ValueError(f"{where}: unknown key {sorted(entry, key=str)[0]!r}")
             return _codec(kind, where)
         try:
             if kind in ("off", "lax"):
@@ -204,7 +202,7 @@ def _codec(entry: Any, where: str) -> Codec | None:
         except ValueError as e:
             raise ValueError(f"{where}.codec: {e}") from None
         if entry:
-            raise ValueError(f"{where}: unknown key {sorted(entry)[0]!r}")
+            raise ValueError(f"{where}: unknown key {sorted(entry, key=str)[0]!r}")
         return codec
     raise ValueError(f"{where}: expected a codec spec or mapping, got {entry!r}")
 

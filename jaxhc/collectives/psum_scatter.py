@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from jaxhc._checks import split_dim
@@ -77,4 +78,6 @@ def _one(x, axis_name, dim, tiled, codec, policy, kind):
 
 
 def _check_dim(x, dim, tiled, parts):
+    if x.dtype == jnp.bool_:  # lax.psum_scatter traces it, then fails to lower it
+        raise TypeError(f"jaxhc.psum_scatter: cannot sum booleans (shape {x.shape}, dtype bool)")
     return split_dim(x, dim, tiled, parts, "jaxhc.psum_scatter", "scatter_dimension")
