@@ -5,7 +5,8 @@ mpirun -np 2 python tests/mpi_job.py mismatch   # ranks call one step with diffe
 mpirun -np 2 python tests/mpi_job.py ok         # a psum that works (prints the result)
 mpirun -np 2 python tests/mpi_job.py die        # rank 1 is SIGKILLed while rank 0 keeps stepping
 python tests/mpi_job.py distributed             # XLA transport after jax.distributed (JAXHC_*)
-python tests/mpi_job.py distributed-die         # as distributed; then process 1 is SIGKILLed
+python tests/mpi_job.py distributed-die1        # as distributed; then process 1 is SIGKILLed
+python tests/mpi_job.py distributed-die0        # ... process 0 (the coordinator's host)
 """
 
 from __future__ import annotations
@@ -57,12 +58,12 @@ def mpi_job(mode: str) -> None:
         print(f"rank {rank} ok {out.tolist()}", flush=True)
 
 
-def distributed_job(die: bool = False) -> None:
+def distributed_job(victim: int | None = None) -> None:
     import jax
 
     import jaxhc
 
-    env = jaxhc.launch.init_distributed(heartbeat_timeout_s=10 if die else 30)
+    env = jaxhc.launch.init_distributed(heartbeat_timeout_s=30 if victim is None else 10)
     x = np.arange(4 * 3, dtype=np.float32).reshape(4, 3)
     out = jaxhc.run(
         body,
@@ -78,20 +79,20 @@ def distributed_job(die: bool = False) -> None:
     assert jax.device_count() == 4 and jax.local_device_count() == 2
     assert np.array_equal(out, want), (out, want)
     print(f"process {env.process_id} distributed ok {out.tolist()}", flush=True)
-    if die:
-        if env.process_id == 1:
+    if victim is not None:
+        if env.process_id == victim:
             os.kill(os.getpid(), signal.SIGKILL)
         launcher = jaxhc.Launcher({"data": 4}, "xla")
         step = launcher.shard_map(body, in_specs=P("data"), out_specs=P())
-        for _ in range(100_000):  # process 0 waits for process 1 in the next psum
+        for _ in range(100_000):  # the survivor waits for the victim in the next psum
             jax.block_until_ready(step(x))
-        print("process 0 kept stepping without process 1", flush=True)
+        print(f"process {env.process_id} kept stepping without process {victim}", flush=True)
     jax.distributed.shutdown()
 
 
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode.startswith("distributed"):
-        distributed_job(die=mode == "distributed-die")
+        distributed_job(int(mode[-1]) if mode.startswith("distributed-die") else None)
     else:
         mpi_job(mode)

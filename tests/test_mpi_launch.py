@@ -1,6 +1,7 @@
 """The launcher in one process (env parsing, blocks, the XLA path) and multi-process jobs as
-subprocesses: a rank that raises and mismatched shapes must end the job quickly, with a message;
-`jax.distributed` on 127.0.0.1 runs the XLA transport over two processes."""
+subprocesses: a rank that raises, a rank SIGKILLed mid-job and mismatched shapes must end the job
+quickly, with a message naming the rank; `jax.distributed` on 127.0.0.1 runs the XLA transport
+over two processes, and ends in bounded time, naming the task, when one of them is killed."""
 
 from __future__ import annotations
 
@@ -279,13 +280,25 @@ def test_a_jax_distributed_peer_killed_mid_job_ends_it_naming_the_task():
     """Process 1 is SIGKILLed while process 0 waits for it in a psum (gloo): jax's coordination
     service misses its heartbeats and ends process 0 with a message naming task 1, after the
     heartbeat timeout `init_distributed` sets (10 s here, 30 s by default; jax's own is 100 s)."""
-    procs, (out0, out1), took = _distributed("distributed-die")
+    procs, (out0, out1), took = _distributed("distributed-die1")
     assert "process 1 distributed ok" in out1, out1
     assert procs[1].returncode == -9, out1
     assert "process 0 distributed ok" in out0, out0
     assert procs[0].returncode != 0, out0
     assert "Task 1 heartbeat timeout" in out0, out0
     assert "kept stepping" not in out0, out0
+    assert took < 60, took
+
+
+def test_a_killed_jax_distributed_coordinator_ends_the_others_at_once():
+    """Process 0 (it hosts the coordination service) is SIGKILLed: process 1 loses the service's
+    connection and ends at once, saying that another task died."""
+    procs, (out0, out1), took = _distributed("distributed-die0")
+    assert "process 0 distributed ok" in out0, out0
+    assert procs[0].returncode == -9, out0
+    assert procs[1].returncode != 0, out1
+    assert "the JAX distributed service detected fatal errors" in out1, out1
+    assert "kept stepping" not in out1, out1
     assert took < 60, took
 
 
