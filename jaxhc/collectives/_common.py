@@ -23,19 +23,22 @@ def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
 
     `codec` (a Codec, spec string, or None) and `policy` (a Policy, preset name or YAML path) are
     alternatives. Non-float dtypes and, under a policy, messages smaller than its ``min_bytes`` go
-    uncompressed.
+    uncompressed. A policy picks the codec for x's dtype, and a lossy one that would send no fewer
+    bits than x itself is a one-line error naming its key.
     """
     if policy is not None:
         if codec is not None:
             raise ValueError("pass either codec= or policy=, not both")
         policy = Policy.load(policy)
-        chosen, min_bytes = policy.codec_for(axis_name, kind), policy.min_bytes
+        chosen, min_bytes = policy.codec_for(axis_name, kind, x.dtype), policy.min_bytes
     else:
         chosen, min_bytes = parse(codec), 0
     if chosen is None or not chosen.supports(x.dtype):
         return None
     if x.size * jnp.dtype(x.dtype).itemsize < min_bytes:
         return None
+    if policy is not None:
+        policy.check_saving(axis_name, kind, x.dtype)
     return chosen
 
 
