@@ -13,6 +13,7 @@ What must hold, and how exactly:
   1 ulp off, from pipeline-stage branches folded away and fused differently).
 - Resuming is bit-exact within a transport (XLA here, MPI in the slow test), and checkpoints cross
   transports (the MPI run's resumes on XLA).
+- The fidelity samples (`train.fidelity_every`, steps 0 and 2) are in those identical records.
 - A mesh that does not match `-np` ends the job with one line.
 """
 
@@ -46,6 +47,7 @@ TINY = [
     "train.eval_batches=1",
     "train.ckpt_every=2",
     "optim.total_steps=3",
+    "train.fidelity_every=2",  # steps 0 and 2 reduce their gradients a second time, exactly
 ]
 # Data gradients with error feedback: their residuals travel through MPI checkpoints and resumes
 # (so the data psum_scatter takes the unfused algorithm; tests/test_mpi_fused.py covers the fused
@@ -178,6 +180,8 @@ def test_mpi_training_matches_xla(cfg, mpi_run, xla_run):
     assert [r["step"] for r in mpi] == [0, 1, 2]
     assert_same_records(mpi, xla)
     assert mpi[-1]["wire_bytes"]["data"] < mpi[-1]["raw_bytes"]["data"]  # zfp did compress
+    assert [("grad_rel_err" in r) + ("grad_cos" in r) for r in mpi] == [2, 0, 2]
+    assert 0 < mpi[0]["grad_rel_err"] < 0.2 and 0.98 < mpi[0]["grad_cos"] < 1
 
     config = json.loads((mpi_run / "config.json").read_text())
     assert config["transport"] == "mpi" and len(config["devices"]) == 8

@@ -2,11 +2,11 @@
 
 Per rank, per step (inside shard_map):
 
-1. its local gradients, flattened (`FlatLayout`), are reduce-scattered over "data" with
+1. `reduce`: its local gradients, flattened (`FlatLayout`), are reduce-scattered over "data" with
    `jaxhc.psum_scatter(kind="grad")`: the rank receives the summed gradient of its chunk;
-2. the global gradient norm sums each chunk's squares over all ranks, counting a parameter that is
-   replicated over "tensor" or "pipe" once (on rank 0 of that axis), and clips like
-   `optax.clip_by_global_norm`;
+2. `update`: the global gradient norm sums each chunk's squares over all ranks, counting a
+   parameter that is replicated over "tensor" or "pipe" once (on rank 0 of that axis), and clips
+   like `optax.clip_by_global_norm`;
 3. optax AdamW updates the chunk (its moments and the exact "master" copy of its parameters live
    only on this rank), with per-element weight decay (matrices and embeddings only) and the
    warm-up + cosine learning rate;
@@ -97,16 +97,21 @@ def psum_scalar(x: jax.Array, axes) -> jax.Array:
     return jaxhc.psum(x, axes) if axes else x
 
 
-def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig, policy):
-    """One ZeRO-1 AdamW step: (new params, new opt_state, grad_norm, lr). Runs per shard.
+def reduce(grads, opt_state, layout: FlatLayout, policy):
+    """(this rank's chunk of the gradients summed over "data", opt_state). Runs per shard.
 
-    An ``opt_state["residual"]`` (error feedback) goes into the gradient reduction and comes back
-    updated."""
+    An ``opt_state["residual"]`` (error feedback) goes into the reduction and comes back updated.
+    """
     residual = opt_state.get("residual")
     if residual is None:
-        g = reduce_gradients(grads, layout, policy)
-    else:
-        g, residual = reduce_gradients(grads, layout, policy, residual)
+        return reduce_gradients(grads, layout, policy), opt_state
+    g, residual = reduce_gradients(grads, layout, policy, residual)
+    return g, {**opt_state, "residual": residual}
+
+
+def update(params, opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, policy):
+    """One ZeRO-1 AdamW step on the reduced chunk `g` of `reduce`: (new params, new opt_state,
+    grad_norm, lr). Runs per shard."""
     norm = global_norm(g, layout)
     if cfg.grad_clip > 0:  # the same expression as optax.clip_by_global_norm
         g = jnp.where(norm < cfg.grad_clip, g, g / norm * cfg.grad_clip)
@@ -119,9 +124,7 @@ def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig,
     lr = lr_schedule(cfg)(step)
     updates, adam = adamw(cfg, lr, decay).update(g, opt_state["adam"], p)
     p = optax.apply_updates(p, updates)
-    opt_state = {"adam": adam, "master": p}
-    if residual is not None:
-        opt_state["residual"] = residual
+    opt_state = {**opt_state, "adam": adam, "master": p}
     if jaxhc.axis_size("data") > 1:
         p = jaxhc.all_gather(p, "data", tiled=True, policy=policy, kind="param")
     return layout.unflatten(p), opt_state, norm, lr

@@ -17,7 +17,12 @@ TRANSPORTS = ("xla", "mpi")
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The loop: steps, global batch, seeds, and how often to log, evaluate and checkpoint."""
+    """The loop: steps, global batch, seeds, and how often to log, evaluate and checkpoint.
+
+    ``fidelity_every``: every k steps, also reduce the gradients exactly and record the compressed
+    reduction's relative error and cosine similarity (``grad_rel_err``, ``grad_cos``; see
+    `jaxhc.parallel.fidelity`); 0 (default) never, as it costs a second reduction.
+    """
 
     steps: int = 300
     batch_size: int = 16
@@ -26,6 +31,7 @@ class TrainConfig:
     eval_batches: int = 4
     ckpt_every: int = 100
     keep_checkpoints: int = 3
+    fidelity_every: int = 0
 
     def __post_init__(self):
         for key in (
@@ -38,6 +44,7 @@ class TrainConfig:
         ):
             whole_number(f"train.{key}", getattr(self, key))
         whole_number("train.seed", self.seed, least=0)
+        whole_number("train.fidelity_every", self.fidelity_every, least=0)
 
 
 SECTIONS = {"model": GPTConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig}

@@ -20,6 +20,7 @@ import jaxhc
 from jaxhc.data import VOCAB_SIZE, Batches, corpus_bytes
 from jaxhc.model import validate
 from jaxhc.parallel import TrainState, init_state, make_eval_loss, make_mesh, make_train_step
+from jaxhc.parallel.fidelity import METRICS as FIDELITY
 from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Checkpoints
@@ -104,7 +105,9 @@ class XlaRunner(Runner):
         self.devices = [str(d) for d in devices]
         self.mesh = make_mesh(cfg.mesh, devices)
         self.policy = policy = Policy.load(cfg.compression)
-        self._step = make_train_step(cfg.model, cfg.mesh, cfg.optim, self.mesh, policy)
+        self._step = make_train_step(
+            cfg.model, cfg.mesh, cfg.optim, self.mesh, policy, cfg.train.fidelity_every
+        )
         self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
 
     def init_state(self):
@@ -194,6 +197,7 @@ def run_loop(
                 "loss": loss,
                 "lr": float(metrics["lr"]),
                 "grad_norm": float(metrics["grad_norm"]),
+                **{k: float(metrics[k]) for k in FIDELITY if math.isfinite(metrics[k])},
                 "seconds": seconds,
                 "tokens_per_s": tokens_per_step / seconds,
                 "model_tflops": flops / seconds / 1e12,

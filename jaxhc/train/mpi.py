@@ -123,7 +123,7 @@ class MpiRunner(Runner):
         self.policy = policy = Policy.load(cfg.compression)
         self.specs = train_state_specs(cfg.model, cfg.mesh, cfg.optim, policy)
         self._step = self.launcher.shard_map(
-            per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy),
+            per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy, cfg.train.fidelity_every),
             in_specs=(self.specs, P("data")),
             out_specs=(self.specs, METRIC_SPECS),
             donate_argnums=0,  # the state is updated in place, as the XLA loop's is
