@@ -108,18 +108,20 @@ def test_bubble_ticks_hold_no_tensor_collectives(mesh_name):
     """GPipe with M micro-batches on S stages has M + S - 1 ticks; a tick where some stage is in a
     bubble (t < S - 1 or t > M - 1) runs the layers under a conditional, a tick where every stage
     works runs them unconditionally. Each tick's layers hold 4 tensor psums in the compiled step
-    (attention and MLP: the forward exit, the backward enter; the scan's body once)."""
+    (attention and MLP: the forward exit, the backward enter; the scan's body once). Policy none:
+    the psums are XLA all-reduces of one micro-batch's activations."""
     cfg, mesh_cfg, mesh, step = train_step(mesh_name, "none", "float32")
     state = init_state(cfg, mesh_cfg, OPTIM, mesh, SEED)
     hlo = step.lower(state, batch(0)).compile().as_text()
     micro, stages = mesh_cfg.microbatches, mesh_cfg.pipe
     rows = BATCH // mesh_cfg.data // micro
     activation = f"f32[{rows},{cfg.block_size},{cfg.n_embd}]"
-    tensor = [
-        branched
-        for op, t, branched in collectives_by_branching(hlo)
-        if op == "all-reduce" and t.startswith(activation + "{")
-    ]
+    found = collectives_by_branching(hlo)
+    tensor = [b for op, t, b in found if op == "all-reduce" and t.startswith(activation + "{")]
     ticks = range(micro + stages - 1)
     full = sum(1 for t in ticks if stages - 1 <= t <= micro - 1)
     assert (tensor.count(False), tensor.count(True)) == (4 * full, 4 * (len(ticks) - full))
+    # The stage-boundary messages: one ppermute per tick after the first, forward and backward,
+    # outside the conditionals (a bubble sends nothing because it is in no pair, not by a branch).
+    pipe = [b for op, t, b in found if op == "collective-permute" and t.startswith(activation)]
+    assert pipe == [False] * 2 * (len(ticks) - 1)
