@@ -23,9 +23,9 @@ in a per-kind mapping) choose the codec for messages of that dtype; other dtypes
 
 A per-kind override replaces the axis entry for that kind, dtype keys included. A lossy codec that
 would send no fewer bits per value than the raw dtype (ZFP at rate 16 on bfloat16, rate 32 on
-float32) is an error naming its key: at load time for the entry's float32 codec and its dtype keys,
-when a collective would send such a message otherwise (e.g. ``tensor: "zfp:16"`` reached by
-bfloat16 activations). The presets give 16-bit floats rate 12 where float32 gets 16.
+float32) is an error naming its key: at load time for an entry's codec (against float32) and its
+dtype keys, and when a collective would send such a message otherwise (e.g. ``tensor: "zfp:16"``
+reached by bfloat16 activations). The presets give 16-bit floats rate 12 where float32 gets 16.
 
 ``error_feedback: true`` in an axis mapping (``data: {codec: zfp, rate: 8, error_feedback: true}``)
 asks the trainer to carry error-feedback residuals for that axis' ``grad`` traffic (see
