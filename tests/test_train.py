@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 
 import numpy as np
@@ -14,6 +15,7 @@ from jaxhc import cli
 from jaxhc.codecs import Mpc, Quant, Zfp
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Checkpoints
+from jaxhc.train.report import summarize
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 # A shrunken model: as many layers as pipeline stages, tiny widths, a few steps.
@@ -180,6 +182,19 @@ def test_report_writes_table_and_plots(tmp_path):
     )
     for png in ("loss_vs_step.png", "loss_vs_wire.png", "fidelity.png"):
         assert os.path.getsize(tmp_path / "report" / png) > 1000
+
+
+def test_report_gaps_need_a_none_run_of_the_same_length():
+    def run(policy, losses):
+        steps = [{"step": i, "loss": loss} for i, loss in enumerate(losses)]
+        return {"name": policy, "config": {"compression": policy}, "steps": steps}
+
+    base = summarize(run("none", [2.0, 1.0]), tail=1)
+    assert summarize(run("zfp8", [2.0, 1.1]), tail=1, baseline=base)[
+        "final_loss_gap_pct"
+    ] == pytest.approx(10.0)
+    assert math.isnan(summarize(run("zfp16", [2.0]), tail=1, baseline=base)["final_loss_gap_pct"])
+    assert math.isnan(summarize(run("zfp8", [2.0, 1.1]), tail=1)["final_loss_gap_pct"])
 
 
 @pytest.mark.parametrize(

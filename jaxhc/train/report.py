@@ -3,8 +3,9 @@ the compressed gradients' fidelity with the loss gap to the `none` run).
 
 Fidelity columns come from runs trained with ``train.fidelity_every`` > 0 (NaN otherwise): the mean
 over the sampled steps of ``grad_rel_err`` and ``grad_cos`` (`jaxhc.parallel.fidelity`). The gaps
-compare with the run of policy ``none`` among those reported (NaN without one): the final
-validation loss, and the mean training loss over the last steps, relative to none's, in percent.
+compare with the run of policy ``none`` among those reported (NaN without one, or when its number
+of steps differs): the final validation loss, and the mean training loss over the last steps,
+relative to none's, in percent.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def summarize(run: dict, tail: int = 10, baseline: dict | None = None) -> dict:
         "grad_rel_err": _mean([r["grad_rel_err"] for r in sampled]),
         "grad_cos": _mean([r["grad_cos"] for r in sampled]),
     }
+    comparable = baseline is not None and baseline["steps"] == row["steps"]
     for key in ("final_loss", "final_val_loss"):
-        base = baseline[key] if baseline else float("nan")
+        base = baseline[key] if comparable else float("nan")
         row[f"{key}_gap_pct"] = 100 * (row[key] - base) / base
     return row
 
