@@ -18,9 +18,9 @@ asks the trainer to carry error-feedback residuals for that axis' ``grad`` traff
 `jaxhc.psum` ``residual=``). It needs a lossy grad codec: on a lossless one the residual would stay
 zero forever, so asking for it there is a configuration error rather than silent dead state.
 
-A codec entry is a spec string (``"zfp:8"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` = the identity
-codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:, block:, budget:,
-dim:}``, or
+A codec entry is a spec string (``"zfp:8"``, ``"zfp:8:d3"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` =
+the identity codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:,
+dims: (zfp's block layout, 1..3), block:, budget:, dim:}``, or
 ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
 """
 
@@ -60,7 +60,7 @@ class Policy:
     >>> from jaxhc import Policy
     >>> p = Policy.preset("mzhybrid")
     >>> p.codec_for("tensor"), p.codec_for("data", "grad")
-    (Mpc(dim=1, budget=0.95), Zfp(rate=8.0))
+    (Mpc(dim=1, budget=0.95), Zfp(rate=8.0, dims=1))
     """
 
     name: str = "custom"
@@ -194,7 +194,7 @@ def _codec(entry: Any, where: str) -> Codec | None:
             elif kind == "zfp":
                 if "rate" not in entry:
                     raise ValueError("zfp needs a 'rate'")
-                codec = Zfp(rate=entry.pop("rate"))
+                codec = Zfp(rate=entry.pop("rate"), dims=entry.pop("dims", 1))
             elif kind in ("q8", "q4"):
                 codec = Quant(bits=int(kind[1:]), block=entry.pop("block", 256))
             elif kind == "mpc":
