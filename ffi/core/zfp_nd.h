@@ -80,19 +80,35 @@ JAXHC_HD void inv_xform(typename Traits<Scalar>::UInt* p) {
   for (int r = 0; r < S; r += 4) inv_lift<Scalar>(p + r, 1);
 }
 
-// Transposes the N x N bit matrix a (N = bits of UInt; row r = a[r], column c = bit c): a[c] bit
-// r takes a[r] bit c. Recursive block swaps (the off-diagonal halves of every 2j x 2j block).
+// The bits j..2j-1 of every 2j bits clear, the others set (j a power of 2 below the width).
 template <typename UInt>
-JAXHC_HD void transpose_bits(UInt* a) {
+constexpr UInt low_stripes(int j) {
+  UInt m = 0;
+  for (int p = 0; p < 8 * static_cast<int>(sizeof(UInt)); p += 2 * j)
+    m |= static_cast<UInt>((UInt(1) << j) - 1) << p;
+  return m;
+}
+
+// Transposes the N x N bit matrix a (N = bits of UInt; row r = a[r], column c = bit c): a[c] bit
+// r takes a[r] bit c. Recursive block swaps: stage J exchanges the off-diagonal J x J halves of
+// every 2J x 2J block (rows k and k + J, J consecutive rows at a time: loops that vectorize).
+template <int J, typename UInt>
+JAXHC_HD void transpose_stage(UInt* a) {
   constexpr int N = 8 * sizeof(UInt);
-  UInt m = ~UInt(0) >> (N / 2);  // the low j bits of every 2j
-  for (int j = N / 2; j; j >>= 1, m ^= m << j) {
-    for (int k = 0; k < N; k = (k + j + 1) & ~j) {  // the rows with bit j of the index clear
-      UInt t = ((a[k] >> j) ^ a[k + j]) & m;
-      a[k + j] ^= t;
-      a[k] ^= t << j;
+  constexpr UInt m = low_stripes<UInt>(J);
+  for (int b = 0; b < N; b += 2 * J) {
+    for (int k = b; k < b + J; k++) {
+      UInt t = ((a[k] >> J) ^ a[k + J]) & m;
+      a[k + J] ^= t;
+      a[k] ^= t << J;
     }
   }
+  if constexpr (J > 1) transpose_stage<J / 2>(a);
+}
+
+template <typename UInt>
+JAXHC_HD void transpose_bits(UInt* a) {
+  transpose_stage<4 * sizeof(UInt)>(a);
 }
 
 // The bit planes of S coefficients: planes[k] bit i = bit k of c[i], k < bits of UInt.
