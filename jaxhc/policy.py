@@ -20,8 +20,8 @@ zero forever, so asking for it there is a configuration error rather than silent
 
 A codec entry is a spec string (``"zfp:8"``, ``"zfp:8:d3"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` =
 the identity codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:,
-dims: (zfp's block layout, 1..3), block:, budget:, dim:}``, or
-``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
+dims: (zfp's block layout, 1..3), block:, stochastic: (q8/q4 rounding), seed:, budget:, dim:}``,
+or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
 """
 
 from __future__ import annotations
@@ -196,7 +196,12 @@ def _codec(entry: Any, where: str) -> Codec | None:
                     raise ValueError("zfp needs a 'rate'")
                 codec = Zfp(rate=entry.pop("rate"), dims=entry.pop("dims", 1))
             elif kind in ("q8", "q4"):
-                codec = Quant(bits=int(kind[1:]), block=entry.pop("block", 256))
+                codec = Quant(
+                    bits=int(kind[1:]),
+                    block=entry.pop("block", 256),
+                    stochastic=entry.pop("stochastic", False),
+                    seed=entry.pop("seed", 0),
+                )
             elif kind == "mpc":
                 codec = Mpc(dim=entry.pop("dim", 1), budget=entry.pop("budget", MPC_BUDGET))
             else:

@@ -139,6 +139,17 @@ inline std::string check_decode_args(xla::ffi::AnyBuffer payload, xla::ffi::AnyB
 }  // namespace mpc
 namespace quant {
 
+// The encoder's rounding attributes: stochastic 0 or 1, seed 0..2^32-1.
+inline std::string check_rounding(int64_t stochastic, int64_t seed, Rounding* rnd) {
+  if (stochastic != 0 && stochastic != 1)
+    return "stochastic " + std::to_string(stochastic) + " must be 0 or 1";
+  if (seed < 0 || seed > int64_t{0xffffffff})
+    return "seed " + std::to_string(seed) + " must be in 0..4294967295";
+  rnd->stochastic = stochastic == 1;
+  rnd->seed = static_cast<uint32_t>(seed);
+  return "";
+}
+
 inline std::string check_params(int64_t bits, int64_t block) {
   if (!valid_bits(bits)) return "bits " + std::to_string(bits) + " must be 8 or 4";
   if (!valid_block(block))

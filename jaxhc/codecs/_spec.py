@@ -1,5 +1,5 @@
 """Codec spec strings: "none", "zfp:8", "zfp:12.5", "zfp:8:d3", "mpc", "mpc:0.8", "mpc:0.8:dim=2",
-"q8", "q4", "q8:b128"."""
+"q8", "q4", "q8:b128", "q8:sr", "q4:b128:sr7"."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def parse(spec: CodecLike) -> Codec | None:
     >>> from jaxhc.codecs import parse
     >>> parse("zfp:8"), parse("zfp:8:d3"), parse("mpc:0.8")
     (Zfp(rate=8.0, dims=1), Zfp(rate=8.0, dims=3), Mpc(dim=1, budget=0.8))
-    >>> parse("none"), parse("q8:b128")
-    (Identity(), Quant(bits=8, block=128))
+    >>> parse("none"), parse("q8:b128:sr")
+    (Identity(), Quant(bits=8, block=128, stochastic=True, seed=0))
     """
     if spec is None or isinstance(spec, Codec):
         return spec
@@ -52,5 +52,5 @@ def parse(spec: CodecLike) -> Codec | None:
         raise ValueError(f"bad codec spec {spec!r}: {e}") from None
     raise ValueError(
         f"bad codec spec {spec!r}: use 'none', 'zfp:<rate>[:d2|:d3]', 'mpc[:<budget>][:dim=<d>]', "
-        "'q8[:b<block>]' or 'q4[:b<block>]'"
+        "'q8[:b<block>][:sr[<seed>]]' or 'q4[...]'"
     )
