@@ -259,7 +259,8 @@ JAXHC_HD void decode_block_nd(const uint64_t* in, int maxbits, Scalar* v) {
   int emax = get_exponent<Scalar>(in);
   UInt c[S], u[S];
   detail::decode_planes<S>(in, detail::precision(emax, D), c, F::kMinBits, maxbits);
-  for (int i = 0; i < S; i++) u[detail::perm<D>(i)] = (c[i] ^ F::kNbMask) - F::kNbMask;
+  for (int i = 0; i < S; i++) c[i] = (c[i] ^ F::kNbMask) - F::kNbMask;  // (vectorizes)
+  for (int i = 0; i < S; i++) u[detail::perm<D>(i)] = c[i];
   detail::inv_xform<D, Scalar>(u);
   detail::inv_cast_block<S>(u, emax, v);
 }
