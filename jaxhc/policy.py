@@ -78,7 +78,8 @@ class Policy:
 
         For a tuple of axes the most faithful of their codecs wins (plain lax, then the identity,
         MPC, then the lossy codecs by decreasing bits per value: ZFP's rate, q8/q4's
-        ``bits_per_value``), so compression never goes below what any axis asks.
+        ``bits_per_value``; at equal ZFP rates the larger blocks, which are more accurate), so
+        compression never goes below what any axis asks.
         """
         if kind is not None and kind not in KINDS:
             raise ValueError(f"unknown traffic kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -165,7 +166,7 @@ def _fidelity(codec: Codec | None) -> float:
     if isinstance(codec, Mpc):
         return 2.0
     if isinstance(codec, Zfp):
-        return 1.0 + codec.rate / 1000.0
+        return 1.0 + codec.rate / 1000.0 + codec.dims / 1e6
     if isinstance(codec, Quant):
         return 1.0 + codec.bits_per_value / 1000.0
     return 0.0

@@ -55,6 +55,10 @@ def test_zfp_block_dims_as_a_key_or_in_the_spec():
     assert p.codec_for("data") == Zfp(8, dims=3) and p.codec_for("tensor") == Zfp(16, dims=2)
     assert p.to_dict()["axes"]["data"] == {"codec": "zfp:8:d3"}
     assert Policy.from_dict(p.to_dict()) == p
+    # At equal rates a tuple of axes takes the larger (more accurate) blocks.
+    q = Policy.from_dict({"axes": {"data": "zfp:8", "tensor": "zfp:8:d3", "pipe": "zfp:8:d2"}})
+    assert q.codec_for(("data", "tensor", "pipe")) == Zfp(8, dims=3)
+    assert q.codec_for(("data", "pipe")) == Zfp(8, dims=2)
 
 
 def test_policy_is_hashable_and_round_trips_through_dict():
