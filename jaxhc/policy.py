@@ -32,10 +32,10 @@ asks the trainer to carry error-feedback residuals for that axis' ``grad`` traff
 `jaxhc.psum` ``residual=``). It needs a lossy grad codec: on a lossless one the residual would stay
 zero forever, so asking for it there is a configuration error rather than silent dead state.
 
-A codec entry is a spec string (``"zfp:8"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` = the identity
-codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:, block:, budget:,
-dim:}``, or
-``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
+A codec entry is a spec string (``"zfp:8"``, ``"zfp:8:d3"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` =
+the identity codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:,
+dims: (zfp's block layout, 1..3), block:, stochastic: (q8/q4 rounding), seed:, budget:, dim:}``,
+or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class Policy:
     >>> from jaxhc import Policy
     >>> p = Policy.preset("mzhybrid")
     >>> p.codec_for("tensor"), p.codec_for("data", "grad")
-    (Mpc(dim=1, budget=0.95), Zfp(rate=8.0))
+    (Mpc(dim=1, budget=0.95), Zfp(rate=8.0, dims=1))
     """
 
     name: str = "custom"
@@ -109,7 +109,8 @@ class Policy:
 
         Without `dtype`, the entries' own codecs (their per-dtype keys aside). For a tuple of axes
         the most faithful of their codecs wins (plain lax, then the identity, MPC, then the lossy
-        codecs by decreasing bits per value: ZFP's rate, q8/q4's ``bits_per_value``), so
+        codecs by decreasing bits per value: ZFP's rate, q8/q4's ``bits_per_value``; at equal ZFP
+        rates the larger blocks, which are more accurate), so
         compression never goes below what any axis asks.
         """
         return self._choose(axis_name, kind, dtype)[0]
@@ -212,7 +213,7 @@ def _fidelity(codec: Codec | None) -> float:
     if isinstance(codec, Mpc):
         return 2.0
     if isinstance(codec, Zfp):
-        return 1.0 + codec.rate / 1000.0
+        return 1.0 + codec.rate / 1000.0 + codec.dims / 1e6
     if isinstance(codec, Quant):
         return 1.0 + codec.bits_per_value / 1000.0
     return 0.0
@@ -241,9 +242,14 @@ def _codec(entry: Any, where: str) -> Codec | None:
             elif kind == "zfp":
                 if "rate" not in entry:
                     raise ValueError("zfp needs a 'rate'")
-                codec = Zfp(rate=entry.pop("rate"))
+                codec = Zfp(rate=entry.pop("rate"), dims=entry.pop("dims", 1))
             elif kind in ("q8", "q4"):
-                codec = Quant(bits=int(kind[1:]), block=entry.pop("block", 256))
+                codec = Quant(
+                    bits=int(kind[1:]),
+                    block=entry.pop("block", 256),
+                    stochastic=entry.pop("stochastic", False),
+                    seed=entry.pop("seed", 0),
+                )
             elif kind == "mpc":
                 codec = Mpc(dim=entry.pop("dim", 1), budget=entry.pop("budget", MPC_BUDGET))
             else:

@@ -52,6 +52,19 @@ def test_kind_overrides_and_tuple_axes():
     assert p.codec_for(("data", "pipe")) is None  # pipe is not listed: plain lax
 
 
+def test_zfp_block_dims_as_a_key_or_in_the_spec():
+    p = Policy.from_dict(
+        {"axes": {"data": {"codec": "zfp", "rate": 8, "dims": 3}, "tensor": "zfp:16:d2"}}
+    )
+    assert p.codec_for("data") == Zfp(8, dims=3) and p.codec_for("tensor") == Zfp(16, dims=2)
+    assert p.to_dict()["axes"]["data"] == {"codec": "zfp:8:d3"}
+    assert Policy.from_dict(p.to_dict()) == p
+    # At equal rates a tuple of axes takes the larger (more accurate) blocks.
+    q = Policy.from_dict({"axes": {"data": "zfp:8", "tensor": "zfp:8:d3", "pipe": "zfp:8:d2"}})
+    assert q.codec_for(("data", "tensor", "pipe")) == Zfp(8, dims=3)
+    assert q.codec_for(("data", "pipe")) == Zfp(8, dims=2)
+
+
 def test_policy_is_hashable_and_round_trips_through_dict():
     p = Policy.preset("mzhybrid")
     assert hash(p) == hash(Policy.from_dict(p.to_dict()))
@@ -65,6 +78,7 @@ def test_policy_is_hashable_and_round_trips_through_dict():
         ({"axes": {"data": {"codec": "zfp"}}}, "rate"),
         ({"axes": {"data": {"codec": "zfp", "rate": 2}}}, "zfp rate 2"),
         ({"axes": {"data": {"codec": "zfp", "rate": 8, "rte": 1}}}, "'rte'"),
+        ({"axes": {"data": {"codec": "zfp", "rate": 8, "dims": 4}}}, "axes.data.codec: zfp dims 4"),
         ({"axes": {"data": {"codec": "mpc", "budget": 3}}}, "budget"),
         ({"axes": {"data": "zfp:x"}}, "axes.data"),
         ({"axes": {"data": {"codec": "zfp", "rate": 8, "params": "mpc"}}}, "'params'"),

@@ -14,7 +14,8 @@ from jaxhc.codecs import Codec, CodecLike, Identity, Mpc, parse
 from jaxhc.policy import Policy
 from jaxhc.transport import current as transport
 
-# Compressed chunks are padded to a multiple of ZFP's block so no chunk has a partial block.
+# Compressed chunks are padded to a multiple of ZFP's 1-D block so no chunk has a partial one (in
+# 2-D/3-D this is the row of its layout: the codec pads a partial 16- or 64-value block itself).
 ROW_MULTIPLE = 4
 
 
