@@ -1,9 +1,9 @@
 """Sharded checkpoints: the canonical layout, atomic saves, resuming onto another mesh.
 
-The oracle for the layout is a whole-array conversion written with the trainer's own flat ZeRO
-layout (`FlatLayout.flatten` / `unflatten`, as the step uses it) and `_blocks.local_block`: from
-a state in one mesh's layout to the canonical arrays and back into any mesh's layout. The
-checkpoint code never builds such a whole array; it writes and reads each device's boxes.
+The oracle for the layout (tests/_canonical_oracle.py) converts whole arrays with the trainer's own
+flat ZeRO layout; the checkpoint code never builds a whole array, it writes and reads each
+device's boxes. The MPI case (written by 2 ranks, resumed by 4 and by 1) is in
+tests/test_train_mpi.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import os
 import jax
 import numpy as np
 import pytest
+from _canonical_oracle import coords_of, from_canonical, on_mesh, to_canonical
 from _gpt import assert_trees_equal
-from jax.sharding import NamedSharding
 
 from jaxhc.data import Batches, corpus_bytes
 from jaxhc.launch import _blocks
@@ -41,75 +41,6 @@ axes:
 
 def mesh(d, t, p):
     return MeshConfig(data=d, tensor=t, pipe=p, microbatches=2 if p > 1 else 1)
-
-
-def coords_of(m: MeshConfig):
-    return [dict(zip(AXES, idx, strict=True)) for idx in np.ndindex(*m.shape)]
-
-
-# --- the oracle: whole arrays through the trainer's FlatLayout -----------------------------------
-
-
-def _key(path) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
-def to_canonical(state: TrainState, plan: Plan) -> dict:
-    m = plan.mesh_cfg
-    shape = dict(zip(AXES, m.shape, strict=True))
-    names = Canonical(plan).param_names
-    params = jax.tree.leaves(state.params)
-    specs = plan.layout.treedef.flatten_up_to(plan.param_specs)
-    out = {"step": np.asarray(state.step)}
-    out.update({f"params/{n}": np.asarray(x) for n, x in zip(names, params, strict=True)})
-    for path, x in jax.tree.flatten_with_path(state.opt_state)[0]:
-        key = _key(path)
-        if x.ndim == 0:
-            out[f"opt/{key}"] = np.asarray(x)
-            continue
-        ef = key == "residual"
-        arrays = [np.zeros(((m.data,) if ef else ()) + p.shape, np.float32) for p in params]
-        for c in coords_of(m):
-            if not ef and c["data"]:
-                continue
-            vec = x[c["pipe"], c["tensor"]]
-            vec = vec[c["data"] * plan.layout.padded :][: plan.layout.padded] if ef else vec
-            local = plan.layout.treedef.flatten_up_to(plan.layout.unflatten(np.asarray(vec)))
-            for arr, spec, block in zip(arrays, specs, local, strict=True):
-                box = _blocks.block_slices(spec, arr.shape[-block.ndim :], c, shape)
-                (arr[c["data"]] if ef else arr)[box] = block
-        prefix = "residual" if ef else f"opt/{key}"
-        out.update({f"{prefix}/{n}": a for n, a in zip(names, arrays, strict=True)})
-    return out
-
-
-def from_canonical(canon: dict, plan: Plan) -> TrainState:
-    m = plan.mesh_cfg
-    shape = dict(zip(AXES, m.shape, strict=True))
-    names = Canonical(plan).param_names
-    specs = plan.layout.treedef.flatten_up_to(plan.param_specs)
-    params = jax.tree.unflatten(plan.layout.treedef, [canon[f"params/{n}"] for n in names])
-
-    def opt(path, x):
-        key = _key(path)
-        if x.ndim == 0:
-            return np.asarray(canon[f"opt/{key}"], x.dtype)
-        ef = key == "residual"
-        prefix = "residual" if ef else f"opt/{key}"
-        out = np.zeros((m.pipe, m.tensor, m.data * x.shape[0]), np.float32)
-        for c in coords_of(m):
-            full = [canon[f"{prefix}/{n}"] for n in names]
-            full = [a[c["data"]] for a in full] if ef else full
-            local = [_blocks.local_block(s, a, c, shape) for s, a in zip(specs, full, strict=True)]
-            vec = np.asarray(plan.layout.flatten(jax.tree.unflatten(plan.layout.treedef, local)))
-            if ef:
-                out[c["pipe"], c["tensor"], c["data"] * vec.size :][: vec.size] = vec
-            else:
-                out[c["pipe"], c["tensor"]] = vec
-        return out
-
-    opt_state = jax.tree.map_with_path(opt, plan.opt_local)
-    return TrainState(np.asarray(canon["step"], np.int32), params, opt_state)
 
 
 def random_canonical(plan: Plan, seed: int) -> dict:
@@ -303,11 +234,7 @@ def test_training_resumes_on_another_mesh(written, b):
     runner = XlaRunner(cfg, jax.devices()[: cfg.mesh.size])
     like = runner.init_state()
     restored = runner.restore(ckpt, like)
-    oracle = jax.tree.map(
-        lambda x, s: jax.device_put(x, NamedSharding(runner.mesh, s)),
-        from_canonical(canon, runner.plan),
-        runner.plan.state_specs,
-    )
+    oracle = on_mesh(from_canonical(canon, runner.plan), runner)
     assert_trees_equal(jax.device_get(restored), jax.device_get(oracle))
     got, want = [], []
     for i in (2, 3):

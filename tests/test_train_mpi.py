@@ -26,15 +26,18 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import mpi_helpers as h
 import numpy as np
 import pytest
+from _canonical_oracle import from_canonical, on_mesh, to_canonical
 from _gpt import assert_trees_equal
 
+from jaxhc.data import Batches, corpus_bytes
 from jaxhc.parallel.state import Plan
 from jaxhc.train.checkpoint import Checkpoints
 from jaxhc.train.config import load
-from jaxhc.train.loop import train
+from jaxhc.train.loop import XlaRunner, train
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "experiments" / "default.yaml"
@@ -220,3 +223,42 @@ def test_mpi_resume_is_bit_exact(policy, cfg, mpi_run, tmp_path):
     print(f"\nmpirun -np 8 --resume, 1 step: {took:.1f} s")
     assert_same_records(records(run), records(mpi_run))
     assert_trees_equal(host_checkpoint(run, 3, cfg), host_checkpoint(mpi_run, 3, cfg))
+
+
+def _mesh(d: int, t: int, p: int) -> list[str]:
+    micro = 2 if p > 1 else 1
+    return [f"mesh.data={d}", f"mesh.tensor={t}", f"mesh.pipe={p}", f"mesh.microbatches={micro}"]
+
+
+@pytest.mark.slow  # three mpirun jobs: about 4 minutes on 2 cores
+def test_an_mpi_checkpoint_resumes_on_other_meshes(tmp_path):
+    """Policy none, 4 steps: written by `mpirun -np 2` on 1 x 1 x 2 (two pipeline stages),
+    resumed after step 2 by `mpirun -np 4` on 4 x 1 x 1 and by `mpirun -np 1`: steps 2 and 3 are
+    what the XLA transport computes on the new mesh from the same state (placed there by the
+    whole-array oracle), within 1e-6."""
+    common = TINY + ["compression=none", "train.steps=4", "optim.total_steps=4"]
+    written = tmp_path / "np2"
+    proc, _ = mpirun_train(2, written, common + _mesh(1, 1, 2))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cfg = load(str(CONFIG), common + _mesh(1, 1, 2))
+    plan = Plan(cfg.model, cfg.mesh, cfg.optim)
+    canon = to_canonical(Checkpoints(str(written / "checkpoints")).read_global(plan, 2), plan)
+    batches = Batches(corpus_bytes(), cfg.train.batch_size, cfg.model.block_size, cfg.train.seed)
+    for np_, shape in ((4, (4, 1, 1)), (1, (1, 1, 1))):
+        run = tmp_path / f"np{np_}"
+        shutil.copytree(written, run)
+        shutil.rmtree(run / "checkpoints" / "4")
+        proc, took = mpirun_train(np_, run, common + _mesh(*shape), resume=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got = [r["loss"] for r in records(run)]
+        assert [r["step"] for r in records(run)] == [0, 1, 2, 3]
+
+        runner = XlaRunner(load(str(CONFIG), common + _mesh(*shape)), jax.devices()[:np_])
+        state = on_mesh(from_canonical(canon, runner.plan), runner)
+        want = []
+        for i in (2, 3):
+            state, metrics = runner.step(state, batches.train(i))
+            want.append(float(metrics["loss"]))
+        print(f"\n-np 2 then -np {np_} ({took:.0f} s): {got}; XLA from the same state: {want}")
+        np.testing.assert_allclose(got[2:], want, rtol=0, atol=1e-6)
+        assert got[:2] == [r["loss"] for r in records(written)][:2]
