@@ -127,6 +127,9 @@ class Canonical:
         ):
             self.kinds.append(("param", f"params/{name}"))
             self._add(f"params/{name}", shape, spec)
+        # A flat vector's pieces are runs of a device's ZeRO chunk: chunks well under its size
+        # leave only the two at its ends shared with a neighbour.
+        flat_limit = min(CHUNK_ELEMENTS, max(layout.chunk // 8, 4096))
         for path, x in jax.tree.flatten_with_path(plan.opt_local)[0]:
             name = "/".join(_names(path))
             if x.ndim == 0:
@@ -140,7 +143,7 @@ class Canonical:
             for p, shape, spec in zip(
                 self.param_names, self.param_global, self.param_specs, strict=True
             ):
-                self._add(f"{name}/{p}", shape, spec, lead)
+                self._add(f"{name}/{p}", shape, spec, lead, limit=flat_limit)
 
     def _block_shape(self, shape, spec):
         return tuple(
@@ -148,8 +151,8 @@ class Canonical:
             for s in _blocks.block_slices(spec, shape, dict.fromkeys(AXES, 0), self.mesh_shape)
         )
 
-    def _add(self, name, shape, spec, lead=()):
-        chunks = (1,) * len(lead) + storage_chunks(self._block_shape(shape, spec))
+    def _add(self, name, shape, spec, lead=(), limit=CHUNK_ELEMENTS):
+        chunks = (1,) * len(lead) + storage_chunks(self._block_shape(shape, spec), limit)
         self.arrays[name] = Array((*lead, *shape), np.dtype(np.float32), chunks)
 
     def _owner(self, param: int, coords) -> bool:
@@ -232,15 +235,15 @@ class Canonical:
         return jax.tree.unflatten(jax.tree.structure(state), leaves)
 
 
-def extract(piece: Piece, leaves) -> np.ndarray:
-    """The values of `piece` from a device's block leaves."""
-    flat = np.asarray(leaves[piece.leaf]).reshape(-1)
+def extract(piece: Piece, leaf: np.ndarray) -> np.ndarray:
+    """The values of `piece` from its leaf of a device's block."""
+    flat = np.asarray(leaf).reshape(-1)
     return flat[piece.start : piece.start + math.prod(piece.shape)].reshape(piece.shape)
 
 
-def insert(piece: Piece, leaves, values) -> None:
-    """Write `values` (the piece's box) into a device's block leaves (numpy arrays, in place)."""
-    flat = leaves[piece.leaf].reshape(-1)
+def insert(piece: Piece, leaf: np.ndarray, values) -> None:
+    """Write `values` (the piece's box) into its leaf of a device's block (in place)."""
+    flat = leaf.reshape(-1)
     flat[piece.start : piece.start + math.prod(piece.shape)] = np.asarray(values).reshape(-1)
 
 

@@ -174,19 +174,22 @@ class Checkpoints:
             )
 
     def _write(self, tmp: str, canon: Canonical, blocks, scalars: dict) -> None:
+        """Write the owned pieces, one leaf at a time: a leaf is brought to the host (if it is
+        on a device) and its writes finish before the next leaf's start."""
         stores: dict = {}
         for coords, leaves in blocks:
-            futures = []
-            for piece in canon.pieces(coords):
-                if not piece.owner:
-                    continue
-                if not piece.box:
-                    scalars[piece.name] = np.asarray(leaves[piece.leaf]).item()
-                    continue
-                store = self._open(stores, tmp, piece.name)
-                futures.append(store[piece.box].write(extract(piece, leaves)))
-            for f in futures:  # one device's block at a time in flight
-                f.result()
+            pieces = [p for p in canon.pieces(coords) if p.owner]
+            for leaf in sorted({p.leaf for p in pieces}):
+                host = np.asarray(leaves[leaf])
+                futures = []
+                for piece in (p for p in pieces if p.leaf == leaf):
+                    if not piece.box:
+                        scalars[piece.name] = host.item()
+                        continue
+                    store = self._open(stores, tmp, piece.name)
+                    futures.append(store[piece.box].write(extract(piece, host)))
+                for f in futures:
+                    f.result()
 
     def _commit(self, tmp: str, step: int, canon: Canonical, scalars: dict) -> None:
         """Process 0: meta.json last, then the atomic rename; older checkpoints pruned."""
@@ -313,10 +316,10 @@ class Checkpoints:
                             store[(slice(d, d + 1), *rest)].read().result().astype(np.float64)
                             for d in range(spread)
                         )
-                        insert(piece, leaves, total / canon.mesh_shape["data"])
+                        insert(piece, leaves[piece.leaf], total / canon.mesh_shape["data"])
                         continue
                 store = self._open(stores, path, piece.name)
-                insert(piece, leaves, store[piece.box].read().result())
+                insert(piece, leaves[piece.leaf], store[piece.box].read().result())
             yield c, leaves
 
     def read_global(self, plan: Plan, step: int | None = None):

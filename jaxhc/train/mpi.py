@@ -24,7 +24,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxhc.launch import Launcher, _blocks
@@ -201,7 +200,7 @@ class MpiRunner(Runner):
         return traffic, max(s for _, s in gathered)
 
     def save(self, checkpoints, step, state):
-        block = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
+        block = jax.tree.leaves(state)
         return checkpoints.save(step, self.plan, [(self.coords, block)], finite=all_finite(state))
 
 
