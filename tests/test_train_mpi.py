@@ -5,14 +5,15 @@ A tiny GPT on the default 2 x 2 x 2 mesh, with a policy that compresses every me
 
 What must hold, and how exactly:
 - The records are identical but for the measured timings, and so are the checkpointed states
-  (parameters and AdamW moments, gathered from the ranks), bit for bit: the collectives are
-  bitwise XLA's (tests/test_mpi_transport.py), and the per-shard math, although compiled into two
-  different XLA modules (one SPMD module with XLA's collectives, one module per process around
-  mpi4jax's custom calls), rounds the same once the MPI transport's `axis_index` is as opaque to
-  XLA's constant folding as SPMD's partition id (without that, 5 of 30 losses on this machine were
-  1 ulp off, from pipeline-stage branches folded away and fused differently).
+  (parameters, AdamW moments, residuals; each rank wrote its own pieces), bit for bit: the
+  collectives are bitwise XLA's (tests/test_mpi_transport.py), and the per-shard math, although
+  compiled into two different XLA modules (one SPMD module with XLA's collectives, one module per
+  process around mpi4jax's custom calls), rounds the same once the MPI transport's `axis_index` is
+  as opaque to XLA's constant folding as SPMD's partition id (without that, 5 of 30 losses on this
+  machine were 1 ulp off, from pipeline-stage branches folded away and fused differently).
 - Resuming is bit-exact within a transport (XLA here, MPI in the slow test), and checkpoints cross
-  transports (the MPI run's resumes on XLA).
+  transports (the MPI run's resumes on XLA) and meshes (slow: written by 2 ranks, resumed by 4
+  and by 1, policy none: the next losses are XLA's on the new mesh from the same state).
 - A mesh that does not match `-np` ends the job with one line.
 """
 
