@@ -1,69 +1,355 @@
-"""Orbax checkpoints of the sharded train state: atomic, verified, never replacing a good one."""
+"""Sharded checkpoints: every process writes its own pieces of the canonical arrays, no gather.
+
+A checkpoint of step s is the directory ``<directory>/<s>``: one zarr array (tensorstore, file
+store, uncompressed) per canonical array of `jaxhc.parallel.canonical` (global shapes that no mesh
+enters) and ``meta.json`` (the format, the step, the writing mesh, every array's shape and dtype,
+the scalars). Each process writes the boxes its devices own (one device per box), so a process
+holds nothing beyond its own blocks; storage chunks never span two devices' blocks but for the
+flat optimizer vectors at ZeRO chunk boundaries, where tensorstore's file locking makes the
+read-modify-write of the shared chunk safe. Any mesh reads any checkpoint: a device reads the
+boxes of its own block.
+
+Atomic: everything is written into ``<directory>/.tmp-<s>``; after every process has written (a
+barrier), process 0 writes ``meta.json`` last and renames the directory to ``<s>``, so a
+half-written checkpoint is never listed. A state that holds NaN/Inf on any process is refused by
+all of them (nothing is written, the previous checkpoint stays). The directory must be one that
+every process sees (a shared file system): process 0 writes a token there first and every
+process checks that it reads it back, refusing in one line otherwise.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import socket
+import uuid
+from collections.abc import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
+import numpy as np
+import tensorstore as ts
+
+from jaxhc.launch import _blocks
+from jaxhc.parallel.canonical import Canonical, extract, insert
+from jaxhc.parallel.state import Plan
+
+FORMAT = "jaxhc-sharded-1"
+META = "meta.json"
+TOKEN = ".token"
+log = logging.getLogger(__name__)
+
+
+class Group:
+    """The processes that checkpoint together: here this process alone (`jaxhc.train.mpi` has
+    the MPI one). Every process calls the same methods in the same order."""
+
+    rank = 0
+
+    def bcast(self, value):
+        """Process 0's `value`, on every process."""
+        return value
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether `flag` is true on every process."""
+        return flag
+
+    def first_error(self, error: str | None) -> str | None:
+        """The first process's error (naming it), on every process; None if there is none."""
+        return error
+
+
+def all_finite(tree) -> bool:
+    """Whether every floating-point leaf of `tree` is finite (checked where the leaves live)."""
+    checks = [
+        jnp.isfinite(leaf).all()
+        for leaf in jax.tree.leaves(tree)
+        if jnp.issubdtype(leaf.dtype, jnp.floating)
+    ]
+    return all(bool(c) for c in jax.device_get(checks))
 
 
 class Checkpoints:
-    """Saves the train state every K steps (and at the end) under `<out>/checkpoints/<step>`.
+    """Saves train states under ``<directory>/<step>`` and restores them onto any mesh.
 
-    Orbax writes each checkpoint to a temporary directory and renames it into place only when it is
-    complete, so an interrupted save never becomes "latest". A state with non-finite parameters is
-    refused (the previous good checkpoint stays), and restore checks shapes and dtypes against the
-    expected state before anything is used.
+    Every process of a run makes one (with the same `group`) and calls `save` and `restore`
+    together; blocks are ``(coords, leaves)``: a device's mesh coordinates ({"data": d, "tensor":
+    t, "pipe": p}) and its block of the TrainState (`jax.tree.leaves` order, host arrays).
     """
 
-    def __init__(self, directory: str, keep: int = 3):
+    def __init__(self, directory: str, keep: int = 3, group: Group | None = None):
         self.directory = os.path.abspath(directory)
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-        )
+        self.keep = keep
+        self.group = group or Group()
+        self._context = ts.Context()
 
-    def save(self, step: int, state) -> bool:
-        """Save `state` as `step`; return False (and save nothing) if it holds NaN/Inf."""
-        checks = [
-            jnp.isfinite(leaf).all()
-            for leaf in jax.tree.leaves(state)
-            if jnp.issubdtype(leaf.dtype, jnp.floating)
-        ]
-        if not all(bool(c) for c in jax.device_get(checks)):
-            return False
-        self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        self._manager.wait_until_finished()
-        return True
+    # --- listing -------------------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """The committed checkpoints' steps, oldest first."""
+        return sorted(
+            int(n)
+            for n in _listdir(self.directory)
+            if n.isdigit() and os.path.exists(os.path.join(self.directory, n, META))
+        )
 
     def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        steps = self.steps()
+        return steps[-1] if steps else None
 
-    def restore(self, like, step: int | None = None):
-        """Restore into the shapes, dtypes and shardings of `like` (a state or abstract state).
+    # --- save ----------------------------------------------------------------------------------
 
-        Leaves of `like` without a sharding (host numpy arrays, as under the MPI transport) are
-        restored onto this process's default device, with the same shape checks.
+    def save(self, step: int, plan: Plan, blocks: Iterable, finite: bool = True) -> bool:
+        """Save this process's `blocks` of the state as `step`; every process passes whether its
+        blocks are finite (`all_finite`), and if any is not, nothing is saved and all return
+        False."""
+        group = self.group
+        if not group.all_true(finite):
+            return False
+        canon = Canonical(plan)
+        tmp = os.path.join(self.directory, f".tmp-{step}")
+        token, error = None, None
+        if group.rank == 0:
+            try:
+                token = self._prepare(tmp, canon)
+            except OSError as e:
+                error = f"cannot create {tmp}: {e}"
+        self._raise_if_any(step, error)
+        token = group.bcast(token)
+        scalars: dict = {}
+        try:
+            self._check_shared(tmp, token)
+            self._write(tmp, canon, blocks, scalars)
+        except (OSError, ValueError) as e:
+            error = str(e).splitlines()[0]
+        self._raise_if_any(step, error)
+        if group.rank == 0:
+            try:
+                self._commit(tmp, step, canon, scalars)
+            except (OSError, KeyError) as e:
+                error = f"cannot commit {tmp}: {e}"
+        self._raise_if_any(step, error)  # also the barrier after which the checkpoint is listed
+        return True
+
+    def _raise_if_any(self, step: int, error: str | None) -> None:
+        error = self.group.first_error(error)
+        if error:
+            raise OSError(f"checkpoint of step {step} in {self.directory} failed: {error}")
+
+    def _prepare(self, tmp: str, canon: Canonical) -> str:
+        """Process 0: an empty temporary directory with the (empty) arrays and a fresh token."""
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        token = uuid.uuid4().hex
+        with open(os.path.join(tmp, TOKEN), "w") as f:
+            f.write(token)
+        futures = []
+        for name, a in canon.arrays.items():
+            if a.shape:
+                metadata = {
+                    "shape": list(a.shape),
+                    "chunks": list(a.chunks),
+                    "dtype": a.dtype.str,
+                    "compressor": None,
+                }
+                spec = {"driver": "zarr", "kvstore": _kvstore(tmp, name), "metadata": metadata}
+                futures.append(ts.open(spec, create=True, context=self._context))
+        for f in futures:
+            f.result()
+        return token
+
+    def _check_shared(self, tmp: str, token: str) -> None:
+        try:
+            with open(os.path.join(tmp, TOKEN)) as f:
+                seen = f.read()
+        except OSError:
+            seen = None
+        if seen != token:
+            raise ValueError(
+                f"{self.directory} is not shared: {socket.gethostname()} does not see what "
+                "process 0 wrote there; checkpoints need a file system every process sees "
+                "(README: Checkpoints)"
+            )
+
+    def _write(self, tmp: str, canon: Canonical, blocks, scalars: dict) -> None:
+        """Write the owned pieces, one leaf at a time: a leaf is brought to the host (if it is
+        on a device) and its writes finish before the next leaf's start."""
+        stores: dict = {}
+        for coords, leaves in blocks:
+            pieces = [p for p in canon.pieces(coords) if p.owner]
+            for leaf in sorted({p.leaf for p in pieces}):
+                host = np.asarray(leaves[leaf])
+                futures = []
+                for piece in (p for p in pieces if p.leaf == leaf):
+                    if not piece.box:
+                        scalars[piece.name] = host.item()
+                        continue
+                    store = self._open(stores, tmp, piece.name)
+                    futures.append(store[piece.box].write(extract(piece, host)))
+                for f in futures:
+                    f.result()
+
+    def _commit(self, tmp: str, step: int, canon: Canonical, scalars: dict) -> None:
+        """Process 0: meta.json last, then the atomic rename; older checkpoints pruned."""
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "mesh": canon.mesh_shape,
+            "arrays": {
+                n: {"shape": list(a.shape), "dtype": a.dtype.str} for n, a in canon.arrays.items()
+            },
+            "scalars": {n: scalars[n] for n, a in canon.arrays.items() if not a.shape},
+        }
+        os.remove(os.path.join(tmp, TOKEN))
+        with open(os.path.join(tmp, META), "w") as f:
+            json.dump(meta, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        final = os.path.join(self.directory, str(step))
+        old = os.path.join(self.directory, f".old-{step}")
+        if os.path.exists(final):  # the same step saved again (a resumed run): replace it
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        for s in self.steps()[: -self.keep]:
+            shutil.rmtree(os.path.join(self.directory, str(s)), ignore_errors=True)
+        for n in os.listdir(self.directory):  # what interrupted saves left behind
+            if n.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(self.directory, n), ignore_errors=True)
+
+    # --- restore -------------------------------------------------------------------------------
+
+    def restore(self, plan: Plan, coords: Iterable[dict], step: int | None = None) -> Iterator:
+        """The blocks ``(coords, leaves)`` of the devices at `coords` on the mesh of `plan`, from
+        the checkpoint of `step` (default: the latest), whatever mesh wrote it.
+
+        Parameters, optimizer moments and master copy are exact. Error-feedback residuals are
+        exact when "data" has the size it had; otherwise each element's residuals (what the data
+        ranks had not yet delivered of it) are summed and spread evenly over the new data ranks,
+        which keeps their total, with a logged warning. Checks run before the first block is made:
+        a missing checkpoint or one of another model is a ValueError naming the array.
         """
+        step, meta = self._meta(step)
+        canon = Canonical(plan)
+        path = os.path.join(self.directory, str(step))
+        stored = meta["arrays"]
+        for name, a in canon.arrays.items():
+            if name.startswith("residual/"):
+                continue
+            want = _describe(a)
+            if name not in stored:
+                raise ValueError(f"checkpoint {path} does not match this run: it has no {name}")
+            if stored[name] != want:
+                got = stored[name]
+                raise ValueError(
+                    f"checkpoint {path} does not match this run: {name} is "
+                    f"{np.dtype(got['dtype']).name}{list(got['shape'])} there, "
+                    f"{a.dtype.name}{list(a.shape)} here"
+                )
+        spread = self._residual_rule(path, canon, meta)
+        return self._read(path, canon, meta, coords, spread)
+
+    def _meta(self, step):
         step = self.latest_step() if step is None else step
         if step is None:
-            raise ValueError(f"no checkpoint to resume from in {self.directory}")
-        local = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        abstract = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(
-                a.shape, a.dtype, sharding=getattr(a, "sharding", None) or local
-            ),
-            like,
-        )
+            old = ""
+            if any(n.isdigit() for n in _listdir(self.directory)):
+                old = (
+                    " (its step directories are in another format: checkpoints written before "
+                    "jaxhc's sharded checkpoints do not load)"
+                )
+            raise ValueError(f"no checkpoint to resume from in {self.directory}{old}")
+        path = os.path.join(self.directory, str(step), META)
         try:
-            return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        except Exception as e:  # orbax raises many types; one clear line for the user
-            raise ValueError(
-                f"checkpoint {self.directory}/{step} does not match this run's state: "
-                f"{str(e).splitlines()[0]}"
-            ) from None
+            with open(path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"no checkpoint of step {step} in {self.directory}: {e}") from None
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path}: format {meta.get('format')!r} is not {FORMAT!r}")
+        return step, meta
 
-    def close(self) -> None:
-        self._manager.close()
+    def _residual_rule(self, path, canon: Canonical, meta) -> int | None:
+        """None: residuals map exactly (or there are none to restore); else the writer's data
+        size, whose residuals are summed and spread."""
+        wanted = any(n.startswith("residual/") for n in canon.arrays)
+        stored = any(n.startswith("residual/") for n in meta["arrays"])
+        if not wanted:
+            if stored:
+                log.warning("%s: error-feedback residuals not restored (this run keeps none)", path)
+            return None
+        if not stored:
+            log.warning("%s: no error-feedback residuals there; they start at zero", path)
+            return None
+        old = meta["mesh"]["data"]
+        if old == canon.mesh_shape["data"]:
+            return None
+        log.warning(
+            "%s: written with data=%d, resumed with data=%d: each element's error-feedback "
+            "residuals are summed and spread evenly over the new data ranks",
+            path,
+            old,
+            canon.mesh_shape["data"],
+        )
+        return old
+
+    def _read(self, path, canon: Canonical, meta, coords, spread) -> Iterator:
+        stores: dict = {}
+        has_residual = any(n.startswith("residual/") for n in meta["arrays"])
+        for c in coords:
+            leaves = canon.zero_block()
+            for piece in canon.pieces(c):
+                if not piece.box:
+                    value = meta["scalars"][piece.name]
+                    leaves[piece.leaf][...] = value
+                    continue
+                if piece.name.startswith("residual/"):
+                    if not has_residual:
+                        continue
+                    if spread is not None:
+                        store = self._open(stores, path, piece.name)
+                        rest = piece.box[1:]
+                        total = sum(
+                            store[(slice(d, d + 1), *rest)].read().result().astype(np.float64)
+                            for d in range(spread)
+                        )
+                        insert(piece, leaves[piece.leaf], total / canon.mesh_shape["data"])
+                        continue
+                store = self._open(stores, path, piece.name)
+                insert(piece, leaves[piece.leaf], store[piece.box].read().result())
+            yield c, leaves
+
+    def read_global(self, plan: Plan, step: int | None = None):
+        """The checkpoint as a TrainState of global host arrays in the layout of `plan`'s mesh
+        (every device's block assembled in this process: for inspection and tests)."""
+        canon = Canonical(plan)
+        mesh = canon.mesh_shape
+        all_coords = [dict(zip(mesh, idx, strict=True)) for idx in np.ndindex(*mesh.values())]
+        blocks = [leaves for _, leaves in self.restore(plan, all_coords, step)]
+        specs = jax.tree.leaves(plan.state_specs, is_leaf=_blocks.is_spec)
+        leaves = [
+            _blocks.assemble(spec, [b[i] for b in blocks], all_coords, mesh)
+            for i, spec in enumerate(specs)
+        ]
+        return canon.unflatten(leaves)
+
+    def _open(self, stores: dict, root: str, name: str):
+        if name not in stores:
+            spec = {"driver": "zarr", "kvstore": _kvstore(root, name)}
+            stores[name] = ts.open(spec, open=True, context=self._context).result()
+        return stores[name]
+
+
+def _kvstore(root: str, name: str) -> dict:
+    return {"driver": "file", "path": os.path.join(root, *name.split("/")) + "/"}
+
+
+def _describe(a) -> dict:
+    return {"shape": list(a.shape), "dtype": a.dtype.str}
+
+
+def _listdir(directory: str) -> list[str]:
+    return os.listdir(directory) if os.path.isdir(directory) else []
