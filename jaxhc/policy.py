@@ -13,15 +13,29 @@ YAML form (``configs/policy/zhybrid.yaml``)::
       tensor: {codec: zfp, rate: 16, act: "zfp:24"}   # per-kind override
       pipe:   "zfp:16"
 
+A codec per dtype: keys ``float32``, ``bfloat16``, ``float16``, ``float64`` in an axis mapping (or
+in a per-kind mapping) choose the codec for messages of that dtype; other dtypes take the entry's
+``codec`` (``off`` when the mapping has none)::
+
+    tensor: {codec: zfp, rate: 16, bfloat16: "zfp:12"}       # 16-bit floats take 12 bits/value
+    data: {float32: {codec: zfp, rate: 8}, bfloat16: {codec: zfp, rate: 12}}
+    pipe: {codec: zfp, rate: 16, act: {codec: zfp, rate: 24, bfloat16: "zfp:12"}}
+
+A per-kind override replaces the axis entry for that kind, dtype keys included. A lossy codec that
+would send no fewer bits per value than the raw dtype (ZFP at rate 16 on bfloat16, rate 32 on
+float32) is an error naming its key: at load time for an entry's codec (against float32) and its
+dtype keys, and when a collective would send such a message otherwise (e.g. ``tensor: "zfp:16"``
+reached by bfloat16 activations). The presets give 16-bit floats rate 12 where float32 gets 16.
+
 ``error_feedback: true`` in an axis mapping (``data: {codec: zfp, rate: 8, error_feedback: true}``)
 asks the trainer to carry error-feedback residuals for that axis' ``grad`` traffic (see
 `jaxhc.psum` ``residual=``). It needs a lossy grad codec: on a lossless one the residual would stay
 zero forever, so asking for it there is a configuration error rather than silent dead state.
 
-A codec entry is a spec string (``"zfp:8"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` = the identity
-codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:, block:, budget:,
-dim:}``, or
-``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
+A codec entry is a spec string (``"zfp:8"``, ``"zfp:8:d3"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` =
+the identity codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:,
+dims: (zfp's block layout, 1..3), block:, stochastic: (q8/q4 rounding), seed:, budget:, dim:}``,
+or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
 """
 
 from __future__ import annotations
@@ -31,13 +45,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax.numpy as jnp
+
 from jaxhc._checks import read_yaml
 from jaxhc.codecs import Codec, Identity, Mpc, Quant, Zfp, parse
 
-__all__ = ["KINDS", "PRESETS", "AxisPolicy", "Policy"]
+__all__ = ["DTYPES", "KINDS", "PRESETS", "AxisPolicy", "Policy"]
 
 KINDS = ("grad", "param", "act")
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # the keys of per-dtype codec entries
 MPC_BUDGET = 0.95
+# Values a lossy codec's bits per value are measured on (large: padding does not count).
+_SAMPLE = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +66,22 @@ class AxisPolicy:
     codec: Codec | None
     overrides: tuple[tuple[str, Codec | None], ...] = ()
     error_feedback: bool = False  # carry residuals of this axis' lossy grad traffic
+    # Per-dtype codecs: (kind, or "" for the axis entry; dtype name; codec).
+    dtypes: tuple[tuple[str, str, Codec | None], ...] = ()
 
-    def codec_for(self, kind: str | None) -> Codec | None:
-        return dict(self.overrides).get(kind, self.codec) if kind else self.codec
+    def codec_for(self, kind: str | None, dtype=None) -> Codec | None:
+        return self.choose(kind, dtype)[0]
+
+    def choose(self, kind: str | None, dtype=None) -> tuple[Codec | None, str]:
+        """(codec, the key that chose it relative to the axis: "", ".act", ".bfloat16", ...)."""
+        kinds = dict(self.overrides)
+        scope = kind if kind in kinds else ""  # a kind override replaces the whole axis entry
+        if dtype is not None:
+            name = jnp.dtype(dtype).name
+            for k, d, codec in self.dtypes:
+                if (k, d) == (scope, name):
+                    return codec, f"{'.' + k if k else ''}.{d}"
+        return (kinds[kind], f".{kind}") if scope else (self.codec, "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +91,7 @@ class Policy:
     >>> from jaxhc import Policy
     >>> p = Policy.preset("mzhybrid")
     >>> p.codec_for("tensor"), p.codec_for("data", "grad")
-    (Mpc(dim=1, budget=0.95), Zfp(rate=8.0))
+    (Mpc(dim=1, budget=0.95), Zfp(rate=8.0, dims=1))
     """
 
     name: str = "custom"
@@ -72,19 +104,33 @@ class Policy:
         if self.min_bytes < 0:
             raise ValueError(f"policy {self.name}: min_bytes {self.min_bytes} must be >= 0")
 
-    def codec_for(self, axis_name, kind: str | None = None) -> Codec | None:
-        """The codec for traffic of `kind` over `axis_name` (a name or a tuple of names).
+    def codec_for(self, axis_name, kind: str | None = None, dtype=None) -> Codec | None:
+        """The codec for traffic of `kind` and `dtype` over `axis_name` (a name or a tuple).
 
-        For a tuple of axes the most faithful of their codecs wins (plain lax, then the identity,
-        MPC, then the lossy codecs by decreasing bits per value: ZFP's rate, q8/q4's
-        ``bits_per_value``), so compression never goes below what any axis asks.
+        Without `dtype`, the entries' own codecs (their per-dtype keys aside). For a tuple of axes
+        the most faithful of their codecs wins (plain lax, then the identity, MPC, then the lossy
+        codecs by decreasing bits per value: ZFP's rate, q8/q4's ``bits_per_value``; at equal ZFP
+        rates the larger blocks, which are more accurate), so
+        compression never goes below what any axis asks.
         """
+        return self._choose(axis_name, kind, dtype)[0]
+
+    def check_saving(self, axis_name, kind: str | None, dtype) -> None:
+        """One-line error naming the key when the codec chosen for `dtype` messages is lossy and
+        sends no fewer bits per value than `dtype` itself (lossy for no saving)."""
+        codec, key = self._choose(axis_name, kind, dtype)
+        _check_saving(codec, dtype, f"policy {self.name}: {key}")
+
+    def _choose(self, axis_name, kind, dtype) -> tuple[Codec | None, str]:
         if kind is not None and kind not in KINDS:
             raise ValueError(f"unknown traffic kind {kind!r}: use one of {', '.join(KINDS)}")
         names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
         table = dict(self.axes)
-        codecs = [table[a].codec_for(kind) if a in table else None for a in names]
-        return max(codecs, key=_fidelity) if codecs else None
+        chosen = []
+        for a in names:
+            codec, key = table[a].choose(kind, dtype) if a in table else (None, "")
+            chosen.append((codec, f"axes.{a}{key}"))
+        return max(chosen, key=lambda c: _fidelity(c[0])) if chosen else (None, "axes")
 
     def error_feedback(self, axis_name) -> bool:
         """Whether ``grad`` traffic over `axis_name` (a name or tuple) carries error feedback: some
@@ -92,7 +138,7 @@ class Policy:
         names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
         table = dict(self.axes)
         asked = any(table[a].error_feedback for a in names if a in table)
-        codec = self.codec_for(axis_name, "grad")
+        codec = self.codec_for(axis_name, "grad", jnp.float32)  # the trainer's gradients
         return asked and codec is not None and not codec.lossless
 
     @classmethod
@@ -148,7 +194,10 @@ class Policy:
         axes = {}
         for axis, ap in self.axes:
             entry = {"codec": _spec(ap.codec)}
-            entry.update({k: _spec(c) for k, c in ap.overrides})
+            entry.update({d: _spec(c) for k, d, c in ap.dtypes if not k})
+            for kind, codec in ap.overrides:
+                per_dtype = {d: _spec(c) for k, d, c in ap.dtypes if k == kind}
+                entry[kind] = {"codec": _spec(codec), **per_dtype} if per_dtype else _spec(codec)
             if ap.error_feedback:
                 entry["error_feedback"] = True
             axes[axis] = entry
@@ -163,7 +212,7 @@ def _fidelity(codec: Codec | None) -> float:
     if isinstance(codec, Mpc):
         return 2.0
     if isinstance(codec, Zfp):
-        return 1.0 + codec.rate / 1000.0
+        return 1.0 + codec.rate / 1000.0 + codec.dims / 1e6
     if isinstance(codec, Quant):
         return 1.0 + codec.bits_per_value / 1000.0
     return 0.0
@@ -192,9 +241,14 @@ def _codec(entry: Any, where: str) -> Codec | None:
             elif kind == "zfp":
                 if "rate" not in entry:
                     raise ValueError("zfp needs a 'rate'")
-                codec = Zfp(rate=entry.pop("rate"))
+                codec = Zfp(rate=entry.pop("rate"), dims=entry.pop("dims", 1))
             elif kind in ("q8", "q4"):
-                codec = Quant(bits=int(kind[1:]), block=entry.pop("block", 256))
+                codec = Quant(
+                    bits=int(kind[1:]),
+                    block=entry.pop("block", 256),
+                    stochastic=entry.pop("stochastic", False),
+                    seed=entry.pop("seed", 0),
+                )
             elif kind == "mpc":
                 codec = Mpc(dim=entry.pop("dim", 1), budget=entry.pop("budget", MPC_BUDGET))
             else:
@@ -207,8 +261,39 @@ def _codec(entry: Any, where: str) -> Codec | None:
     raise ValueError(f"{where}: expected a codec spec or mapping, got {entry!r}")
 
 
+def _entry(entry: Any, where: str) -> tuple[Codec | None, list[tuple[str, Codec | None]]]:
+    """An entry's codec and its per-dtype codecs (a mapping with dtype keys and no codec keys
+    is ``off`` for the other dtypes). Lossy codecs that save nothing are refused here."""
+    per_dtype = []
+    if isinstance(entry, Mapping):
+        entry = dict(entry)
+        for dtype in DTYPES:
+            if dtype in entry:
+                codec = _codec(entry.pop(dtype), f"{where}.{dtype}")
+                _check_saving(codec, dtype, f"{where}.{dtype}")
+                per_dtype.append((dtype, codec))
+        if per_dtype and not entry:
+            return None, per_dtype
+    codec = _codec(entry, where)
+    _check_saving(codec, jnp.float32, where)
+    return codec, per_dtype
+
+
+def _check_saving(codec: Codec | None, dtype, where: str) -> None:
+    if codec is None or codec.lossless or not codec.supports(dtype):
+        return
+    dtype = jnp.dtype(dtype)
+    bits = codec.payload_bytes(_SAMPLE, dtype) * 8 / _SAMPLE
+    if bits >= 8 * dtype.itemsize:
+        raise ValueError(
+            f"{where}: lossy {codec.spec} sends {bits:g} bits per {dtype.name} value, no fewer "
+            f"than raw {dtype.name} ({8 * dtype.itemsize}): choose fewer bits for {dtype.name} "
+            f"(a '{dtype.name}:' key, e.g. zfp:{8 * dtype.itemsize * 3 // 4})"
+        )
+
+
 def _axis_policy(entry: Any, where: str) -> AxisPolicy:
-    overrides, feedback = [], False
+    overrides, dtypes, feedback = [], [], False
     if isinstance(entry, Mapping):
         entry = dict(entry)
         feedback = entry.pop("error_feedback", False)
@@ -216,14 +301,18 @@ def _axis_policy(entry: Any, where: str) -> AxisPolicy:
             raise ValueError(f"{where}.error_feedback: expected true or false, got {feedback!r}")
         for kind in KINDS:
             if kind in entry:
-                overrides.append((kind, _codec(entry.pop(kind), f"{where}.{kind}")))
+                codec, per_dtype = _entry(entry.pop(kind), f"{where}.{kind}")
+                overrides.append((kind, codec))
+                dtypes += [(kind, d, c) for d, c in per_dtype]
         for key in list(entry):
             if key in ("params", "grads", "acts"):
                 raise ValueError(
                     f"{where}: unknown key {key!r} (traffic kinds are {', '.join(KINDS)})"
                 )
-    axis = AxisPolicy(_codec(entry, where), tuple(overrides), error_feedback=feedback)
-    grad = axis.codec_for("grad")
+    codec, per_dtype = _entry(entry, where)
+    dtypes = [("", d, c) for d, c in per_dtype] + dtypes
+    axis = AxisPolicy(codec, tuple(overrides), error_feedback=feedback, dtypes=tuple(dtypes))
+    grad = axis.codec_for("grad", jnp.float32)
     if feedback and (grad is None or grad.lossless):
         raise ValueError(
             f"{where}.error_feedback: needs a lossy grad codec (zfp, q8, q4), not {_spec(grad)!r}"
@@ -235,20 +324,23 @@ def _spec(codec: Codec | None) -> str:
     return "off" if codec is None else codec.spec
 
 
-def _all(codec: str) -> dict:
+def _all(codec) -> dict:
     return {"axes": {"data": codec, "tensor": codec, "pipe": codec}}
 
+
+# ZFP at rate 16 saves nothing on 16-bit floats: the presets give them rate 12 (1.33x).
+_ZFP16 = {"codec": "zfp", "rate": 16, "bfloat16": "zfp:12", "float16": "zfp:12"}
 
 PRESETS: dict[str, dict] = {
     "none": {"axes": {}},
     "identity": _all("none"),
     "zfp8": _all("zfp:8"),
-    "zfp16": _all("zfp:16"),
+    "zfp16": _all(_ZFP16),
     "mpc": _all(f"mpc:{MPC_BUDGET}"),
     "mzhybrid": {
         "axes": {"data": "zfp:8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}
     },
-    "zhybrid": {"axes": {"data": "zfp:8", "tensor": "zfp:16", "pipe": "zfp:16"}},
+    "zhybrid": {"axes": {"data": "zfp:8", "tensor": _ZFP16, "pipe": _ZFP16}},
     "qhybrid": {"axes": {"data": "q8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}},
 }
 # The hybrids with error feedback on the data-parallel gradients.

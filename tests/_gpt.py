@@ -130,3 +130,12 @@ def assert_trees_close(actual, expected, rtol: float, what: str = "", base=None)
         assert err <= rtol * scale + slack, (
             f"{what}{jax.tree_util.keystr(path)}: relative error {err / scale:.3g} > {rtol}"
         )
+
+
+def assert_trees_equal(a, b) -> None:
+    """The same tree structure and every leaf equal, bit for bit."""
+    leaves_a, tree_a = jax.tree.flatten(a)
+    leaves_b, tree_b = jax.tree.flatten(b)
+    assert tree_a == tree_b
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -5,6 +5,10 @@ Per block of `block` values: absmax over |x| as bits; a block whose absmax is no
 code = rint(x * inv) (half to even), decoded value = code * scale, rounded to the output type.
 Payload: float32 scales, then int8 codes (8 bits) or two's-complement nibbles, low nibble first
 (4 bits), zero-padded to a multiple of 8 bytes.
+
+Stochastic rounding: y = x * inv; code 0 for a subnormal x or |y| < 2^-24, else floor(y) + 1
+when draw < (y - floor(y)) * 2^24, else floor(y), clamped to [-Q, Q]; draw = 24 bits of
+mix32(mix32(i_lo ^ mix32(i_hi ^ seed)) ^ bits(x)) (i: the value's index in the row).
 """
 
 from __future__ import annotations
@@ -24,7 +28,36 @@ def payload_bytes(n: int, bits: int, block: int) -> int:
     return -(-(4 * blocks + -(-n * bits // 8)) // 8) * 8
 
 
-def encode(x, bits: int, block: int) -> tuple[bytes, bool]:
+def mix32(h: np.ndarray) -> np.ndarray:
+    h = h.astype(np.uint32)
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x7FEB352D)
+    h ^= h >> np.uint32(15)
+    h *= np.uint32(0x846CA68B)
+    return h ^ (h >> np.uint32(16))
+
+
+def draws(seed: int, n: int, x32: np.ndarray) -> np.ndarray:
+    """24 uniform bits per value of the row x32 (float32) under `seed`."""
+    i = np.arange(n, dtype=np.uint64)
+    lo, hi = (i & np.uint64(0xFFFFFFFF)).astype(np.uint32), (i >> np.uint64(32)).astype(np.uint32)
+    h = mix32(lo ^ mix32(hi ^ np.uint32(seed)))
+    return mix32(h ^ x32.view(np.uint32)) >> np.uint32(8)
+
+
+def stochastic_codes(x32, inv, q: int, draw) -> np.ndarray:
+    """The stochastic rounding of x32 * inv (float32 arrays of one shape), as integers."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = (x32 * inv).astype(np.float32)
+        f = np.floor(y)
+        frac = (y - f).astype(np.float32)
+        up = draw.astype(np.float32) < frac * np.float32(1 << 24)
+        codes = f + up
+    tiny = ((x32.view(np.uint32) & 0x7FFFFFFF) < (1 << 23)) | (np.abs(y) < np.float32(2.0**-24))
+    return np.clip(np.where(tiny, 0, codes), -q, q)
+
+
+def encode(x, bits: int, block: int, stochastic: bool = False, seed: int = 0) -> tuple[bytes, bool]:
     """(payload bytes, every value finite) of the flattened x (float32, bfloat16 or float16)."""
     x32 = np.asarray(x).astype(np.float32).reshape(-1)  # exact widening
     n = x32.size
@@ -38,8 +71,13 @@ def encode(x, bits: int, block: int) -> tuple[bytes, bool]:
     q = np.float32(qmax(bits))
     scale = np.where(zero, np.float32(0), amax / q).astype(np.float32)
     inv = np.where(zero, np.float32(0), q / amax).astype(np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        codes = np.rint(rows * inv[:, None])
+    if stochastic:
+        draw = np.zeros(blocks * block, np.uint32)
+        draw[:n] = draws(seed, n, x32)
+        codes = stochastic_codes(rows, inv[:, None], int(q), draw.reshape(blocks, block))
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            codes = np.rint(rows * inv[:, None])
     codes = np.where(zero[:, None], 0, codes).astype(np.int8).reshape(-1)[:n]
     if bits == 8:
         code_bytes = codes.view(np.uint8)
@@ -68,8 +106,8 @@ def decode(payload: bytes, n: int, bits: int, block: int, dtype=np.float32) -> n
     return values.astype(dtype)
 
 
-def round_trip(x, bits: int, block: int) -> np.ndarray:
+def round_trip(x, bits: int, block: int, stochastic: bool = False, seed: int = 0) -> np.ndarray:
     """decode(encode(x)) in x's dtype and shape (the values a collective delivers for x)."""
     x = np.asarray(x)
-    payload, _ = encode(x, bits, block)
+    payload, _ = encode(x, bits, block, stochastic, seed)
     return decode(payload, x.size, bits, block, x.dtype).reshape(x.shape)

@@ -12,17 +12,54 @@ from jaxhc.codecs import Zfp
 
 F32_RATES = [3, 4, 5.5, 8, 12.25, 16, 24, 32]
 F64_RATES = F32_RATES + [40, 64]
+# 2-D/3-D: rates below 3 too (zfpy writes sound streams down to 1 bit per value there).
+ND_F32_RATES = [1, 2.5, 4, 8, 12.25, 16, 32]
+ND_F64_RATES = ND_F32_RATES + [40, 64]
 
 
-def zfpy_roundtrip(x: np.ndarray, rate: float) -> tuple[bytes, np.ndarray]:
-    stream = zfpy.compress_numpy(x, rate=rate, write_header=False)
-    y = zfpy._decompress(stream, zfpy.dtype_to_ztype(x.dtype), list(x.shape), rate=rate)
-    return stream, np.asarray(y)
+def _pad_last_axis(v: np.ndarray) -> np.ndarray:
+    """zfp's pad_block on a last axis of m < 4 values: v1 = v0 (m = 1), v2 = v1, v3 = v0."""
+    m = v.shape[-1]
+    out = np.empty(v.shape[:-1] + (4,), v.dtype)
+    out[..., :m] = v
+    if m < 2:
+        out[..., 1] = out[..., 0]
+    if m < 3:
+        out[..., 2] = out[..., 1]
+    out[..., 3] = out[..., 0] if m < 4 else out[..., 3]
+    return out
+
+
+def layout(x: np.ndarray, dims: int) -> np.ndarray:
+    """The array zfpy codes for our dims-D stream of the 1-D x: (ceil(n/4), 4) or
+    (ceil(n/16), 4, 4), the last row completed along x and the last 4x4 plane along y as zfp
+    pads a partial block (zfp itself pads the last blocks along y or z)."""
+    if dims == 1:
+        return x
+    n, whole = x.size, x.size // 4 * 4
+    rows = x[:whole].reshape(-1, 4)
+    if n % 4:
+        rows = np.concatenate([rows, _pad_last_axis(x[whole:])[None]])
+    if dims == 2:
+        return rows
+    r, whole = rows.shape[0], rows.shape[0] // 4 * 4
+    planes = rows[:whole].reshape(-1, 4, 4)
+    if r % 4:
+        planes = np.concatenate([planes, _pad_last_axis(rows[whole:].T).T[None]])
+    return planes
+
+
+def zfpy_roundtrip(x: np.ndarray, rate: float, dims: int = 1) -> tuple[bytes, np.ndarray]:
+    """zfpy's stream of x (in our dims-D layout) and its decompression, as the 1-D x."""
+    a = layout(x, dims)
+    stream = zfpy.compress_numpy(a, rate=rate, write_header=False)
+    y = zfpy._decompress(stream, zfpy.dtype_to_ztype(a.dtype), list(a.shape), rate=rate)
+    return stream, np.asarray(y).reshape(-1)[: x.size].reshape(x.shape)
 
 
 @functools.lru_cache(maxsize=64)
-def _roundtrip_fn(rate: float, shape: tuple, dtype):
-    codec = Zfp(rate=rate)
+def _roundtrip_fn(rate: float, shape: tuple, dtype, dims: int):
+    codec = Zfp(rate=rate, dims=dims)
 
     def roundtrip(x):
         e = codec.encode(x)
@@ -31,8 +68,10 @@ def _roundtrip_fn(rate: float, shape: tuple, dtype):
     return jax.jit(roundtrip)
 
 
-def ours_roundtrip(x: np.ndarray, rate: float, device) -> tuple[bytes, np.ndarray, bool]:
-    payload, ok, y = _roundtrip_fn(rate, x.shape, x.dtype)(jax.device_put(x, device))
+def ours_roundtrip(
+    x: np.ndarray, rate: float, device, dims: int = 1
+) -> tuple[bytes, np.ndarray, bool]:
+    payload, ok, y = _roundtrip_fn(rate, x.shape, x.dtype, dims)(jax.device_put(x, device))
     return np.asarray(payload).tobytes(), np.asarray(y), bool(ok)
 
 
@@ -40,11 +79,12 @@ def bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.dtype(f"u{a.dtype.itemsize}"))
 
 
-def assert_matches_zfpy(x: np.ndarray, rate: float, device) -> None:
-    stream, y, ok = ours_roundtrip(x, rate, device)
-    ref_stream, ref_y = zfpy_roundtrip(x, rate)
-    assert stream == ref_stream, f"stream differs from zfpy: n={x.size} rate={rate} {x.dtype}"
-    np.testing.assert_array_equal(bits(y), bits(ref_y), err_msg=f"n={x.size} rate={rate}")
+def assert_matches_zfpy(x: np.ndarray, rate: float, device, dims: int = 1) -> None:
+    stream, y, ok = ours_roundtrip(x, rate, device, dims)
+    ref_stream, ref_y = zfpy_roundtrip(x, rate, dims)
+    where = f"n={x.size} rate={rate} {x.dtype} dims={dims}"
+    assert stream == ref_stream, f"stream differs from zfpy: {where}"
+    np.testing.assert_array_equal(bits(y), bits(ref_y), err_msg=where)
     assert ok == bool(np.isfinite(x).all())
 
 

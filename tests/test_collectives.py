@@ -14,6 +14,7 @@ from jax import lax
 import jaxhc
 from jaxhc.codecs import Zfp
 from tests._mesh import mesh_of, run
+from tests._zfp_oracle import layout
 
 ALL_MESHES = ["1d2", "1d4", "1d8", "3d-tensor", "3d-data-pipe"]
 SHAPE = (16, 12)  # per-shard block after the leading device dim
@@ -108,30 +109,33 @@ def _zfp_tolerance(x, rate, terms):
 
 @pytest.mark.parametrize("mesh_name", ["1d4", "3d-tensor", "3d-data-pipe"])
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("rate", [8, 16])
-def test_zfp_within_bound_of_lax(mesh_name, name, rate):
+@pytest.mark.parametrize("rate,layout_", [(8, ""), (16, ""), (8, ":d3"), (16, ":d2")])
+def test_zfp_within_bound_of_lax(mesh_name, name, rate, layout_):
     mesh, axis = mesh_of(mesh_name)
     parts = parts_of(mesh, axis)
     ours, ref = collectives(axis, parts)[name]
     x = smooth_data(mesh)
-    got = np.asarray(run(lambda a: ours(a, codec=f"zfp:{rate}"), mesh, x))
+    got = np.asarray(run(lambda a: ours(a, codec=f"zfp:{rate}{layout_}"), mesh, x))
     want = np.asarray(run(ref, mesh, x))
     terms = parts + 1 if name.startswith("psum") else 1
     np.testing.assert_allclose(got, want, rtol=0, atol=_zfp_tolerance(x, rate, terms))
 
 
-def _zfpy_round_trip(a, rate):
-    a = np.ascontiguousarray(a, np.float32)
-    return zfpy.decompress_numpy(zfpy.compress_numpy(a, rate=rate))
+def _zfpy_round_trip(a, rate, dims=1):
+    """zfpy's round trip of the 1-D a in our dims-D layout (tests/_zfp_oracle.py)."""
+    a = np.ascontiguousarray(a, np.float32).reshape(-1)
+    y = zfpy.decompress_numpy(zfpy.compress_numpy(layout(a, dims), rate=rate))
+    return y.reshape(-1)[: a.size]
 
 
 @pytest.mark.parametrize("parts", [2, 4, 8])
-@pytest.mark.parametrize("rate", [8, 16])
-def test_zfp_psum_is_bit_identical_to_a_zfpy_emulation(parts, rate):
+@pytest.mark.parametrize("rate,dims", [(8, 1), (16, 1), (8, 3), (12, 2)])
+def test_zfp_psum_is_bit_identical_to_a_zfpy_emulation(parts, rate, dims):
     """The algorithm of DESIGN.md replayed with numpy + zfpy gives the same bits."""
     mesh, axis = mesh_of(f"1d{parts}")
     x = smooth_data(mesh, seed=parts)
-    got = np.asarray(run(lambda a: jaxhc.psum(a, axis, codec=f"zfp:{rate}"), mesh, x))
+    spec = f"zfp:{rate}" + (f":d{dims}" if dims > 1 else "")
+    got = np.asarray(run(lambda a: jaxhc.psum(a, axis, codec=spec), mesh, x))
 
     blocks = np.asarray(x).reshape(parts, -1)
     n = blocks.shape[1]
@@ -142,21 +146,23 @@ def test_zfp_psum_is_bit_identical_to_a_zfpy_emulation(parts, rate):
     rows = rows.reshape(parts, parts, m)  # [rank, chunk]
     out = []
     for j in range(parts):
-        acc = _zfpy_round_trip(rows[0, j], rate).astype(np.float32)
+        acc = _zfpy_round_trip(rows[0, j], rate, dims).astype(np.float32)
         for r in range(1, parts):
-            acc = acc + _zfpy_round_trip(rows[r, j], rate)
-        out.append(_zfpy_round_trip(acc, rate))
+            acc = acc + _zfpy_round_trip(rows[r, j], rate, dims)
+        out.append(_zfpy_round_trip(acc, rate, dims))
     want = np.concatenate(out)[:n]
     for r in range(parts):
         np.testing.assert_array_equal(got[r].reshape(-1), want)
 
 
 @pytest.mark.parametrize("parts", [2, 8])
-def test_zfp_all_gather_is_bit_identical_to_zfpy(parts):
+@pytest.mark.parametrize("dims", [1, 3])
+def test_zfp_all_gather_is_bit_identical_to_zfpy(parts, dims):
     mesh, axis = mesh_of(f"1d{parts}")
     x = smooth_data(mesh, seed=3)
-    got = np.asarray(run(lambda a: jaxhc.all_gather(a, axis, codec="zfp:8"), mesh, x))
-    want = np.stack([_zfpy_round_trip(b.reshape(-1), 8) for b in np.asarray(x)])
+    spec = "zfp:8" + (f":d{dims}" if dims > 1 else "")
+    got = np.asarray(run(lambda a: jaxhc.all_gather(a, axis, codec=spec), mesh, x))
+    want = np.stack([_zfpy_round_trip(b, 8, dims) for b in np.asarray(x)])
     got = got.reshape(parts, parts, -1)  # [rank, gathered block, values]
     for r in range(parts):
         np.testing.assert_array_equal(got[r], want)
@@ -207,7 +213,7 @@ def test_non_tiled_all_to_all_and_its_gradient():
     np.testing.assert_array_equal(grad(ours), grad(ref))
 
 
-@pytest.mark.parametrize("codec", ["zfp:8", "q4"])
+@pytest.mark.parametrize("codec", ["zfp:8", "zfp:8:d3", "q4"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("name", ["psum", "all_gather", "psum_scatter", "ppermute", "all_to_all"])
 def test_non_finite_under_a_lossy_codec_falls_back_to_plain_lax(bad, name, codec):

@@ -18,13 +18,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_train
-from checkpoint_job import big_state
+from _canonical_oracle import coords_of, from_canonical
+from _gpt import assert_trees_equal
+from checkpoint_job import BIG, big_state, blocks
+from test_checkpoint import MODEL, OPTIM, random_canonical
 from test_train_mpi import host_checkpoint
 
 import jaxhc
+from jaxhc.model.config import MeshConfig
 from jaxhc.parallel import zero
+from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
-from jaxhc.train.checkpoint import MANIFEST, Checkpoints
+from jaxhc.train.checkpoint import META, Checkpoints, all_finite
 from jaxhc.train.config import load
 from jaxhc.train.loop import XlaRunner, run_loop
 
@@ -60,8 +65,8 @@ def _records(run: Path) -> list[dict]:
 
 
 def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path):
-    """SIGKILL while Orbax writes step 2 (128 MB; its temporary directory exists): step 1 stays
-    the latest and loads bit-exactly, and step 2 can then be saved over the debris."""
+    """SIGKILL while step 2 (~100 MB) is being written (its temporary directory exists): step 1
+    stays the latest and loads bit-exactly, and step 2 can then be saved over the debris."""
     directory = tmp_path / "checkpoints"
     proc = subprocess.Popen(
         [sys.executable, str(JOB), "big", str(directory)],
@@ -71,7 +76,7 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path)
     )
     try:
         deadline = time.monotonic() + 120
-        while not any(p.name.startswith("2.") for p in directory.glob("*")):
+        while not (directory / ".tmp-2").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.001)
         proc.send_signal(signal.SIGKILL)
@@ -84,50 +89,43 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path)
     assert not (directory / "2").exists(), "the save finished before the kill: nothing was tested"
 
     checkpoints = Checkpoints(str(directory))
-    try:
-        assert checkpoints.latest_step() == 1
-        got = checkpoints.restore(big_state(1))
-        np.testing.assert_array_equal(np.asarray(got["w"]), big_state(1)["w"])
-        assert checkpoints.save(2, big_state(2)) and checkpoints.latest_step() == 2
-    finally:
-        checkpoints.close()
+    assert checkpoints.latest_step() == 1
+    assert_trees_equal(checkpoints.read_global(BIG, 1), big_state(1))
+    assert checkpoints.save(2, BIG, blocks(big_state(2), BIG)) and checkpoints.latest_step() == 2
+    assert sorted(os.listdir(directory)) == ["1", "2"]
 
 
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
-    """A run SIGKILLed after Orbax wrote its step-4 checkpoint but before jaxhc verified it, then
-    resumed with `jaxhc train --resume`."""
+    """A run SIGKILLed after every piece of its step-4 checkpoint was written but before it was
+    committed, then resumed with `jaxhc train --resume`."""
     run = tmp_path_factory.mktemp("killed") / "run"
     proc = _run([sys.executable, str(JOB), "train", str(run), *TINY], 300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == -signal.SIGKILL, out
-    assert (run / "checkpoints" / "4").exists() and not (
-        run / "checkpoints" / "4" / MANIFEST
-    ).exists()
-    checkpoints = Checkpoints(str(run / "checkpoints"))
-    assert checkpoints.latest_step() == 2
-    checkpoints.close()
+    assert (run / "checkpoints" / ".tmp-4").exists() and not (run / "checkpoints" / "4").exists()
+    assert Checkpoints(str(run / "checkpoints")).latest_step() == 2
 
     proc = jaxhc_train("--out", str(run), "--steps", "4", "--resume")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run
 
 
-def test_a_run_killed_before_its_checkpoint_was_verified_resumes_from_the_one_before(resumed_run):
+def test_a_run_killed_before_its_checkpoint_was_committed_resumes_from_the_one_before(
+    resumed_run,
+):
     assert [r["step"] for r in _records(resumed_run)] == [0, 1, 2, 3]
     checkpoints = Checkpoints(str(resumed_run / "checkpoints"))
-    try:
-        assert checkpoints.steps() == [2, 4]
-        assert checkpoints.verify(4) is None  # the killed save's debris was replaced
-    finally:
-        checkpoints.close()
+    assert checkpoints.steps() == [2, 4]
+    assert checkpoints.verify(4) is None
+    assert sorted(os.listdir(resumed_run / "checkpoints")) == ["2", "4"]  # the debris is gone
 
 
 # --- corrupted checkpoints ------------------------------------------------------------------------
 
 
 def _largest(step_dir: Path) -> Path:
-    files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST]
+    files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != META]
     return max(files, key=lambda p: p.stat().st_size)
 
 
@@ -141,11 +139,18 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def _extra(step_dir: Path) -> Path:
+    extra = _largest(step_dir).with_name("9.9")
+    extra.write_bytes(b"\0" * 64)
+    return extra
+
+
 CORRUPTIONS = {
-    "flipped-bit": (_largest, _flip, "its bytes differ from when written"),
+    "flipped-bit": (_largest, _flip, "is corrupt: its bytes differ from when written"),
     "truncated": (_largest, _truncate, "bytes, "),
-    "metadata": (lambda d: d / "_CHECKPOINT_METADATA", _flip, "its bytes differ"),
+    "metadata": (lambda d: d / META, _flip, "is corrupt: "),
     "deleted": (_largest, Path.unlink, "is missing"),
+    "extra": (_extra, lambda p: None, "was not part of the save"),
 }
 
 
@@ -154,29 +159,24 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_file(how, tmp_path):
     """Each corruption of the newest step: restore raises one line naming the file and the
     intact step before it; no file changes; that step still loads."""
     directory = tmp_path / "checkpoints"
-    rng = np.random.default_rng(0)
-    states = {s: {"w": rng.standard_normal(1 << 16).astype(np.float32)} for s in (1, 2)}
+    plan = Plan(MODEL, MeshConfig(data=2, tensor=1, pipe=2, microbatches=2), OPTIM)
+    states = {s: from_canonical(random_canonical(plan, s), plan) for s in (1, 2)}
     checkpoints = Checkpoints(str(directory))
     for step, state in states.items():
-        assert checkpoints.save(step, state)
-    checkpoints.close()
+        assert checkpoints.save(step, plan, blocks(state, plan))
 
     pick, corrupt, what = CORRUPTIONS[how]
     victim = pick(directory / "2")
     corrupt(victim)
     before = _tree_bytes(directory)
     checkpoints = Checkpoints(str(directory))
-    try:
-        with pytest.raises(ValueError) as e:
-            checkpoints.restore(states[1])
-        message = str(e.value)
-        assert "\n" not in message and f"checkpoint file {victim} is " in message, message
-        assert what in message, message
-        assert f"step 1 is the newest intact checkpoint: delete {directory / '2'}" in message
-        got = checkpoints.restore(states[1], step=1)
-        np.testing.assert_array_equal(np.asarray(got["w"]), states[1]["w"])
-    finally:
-        checkpoints.close()
+    with pytest.raises(ValueError) as e:
+        list(checkpoints.restore(plan, coords_of(plan.mesh_cfg)))
+    message = str(e.value)
+    assert "\n" not in message and f"checkpoint file {victim} " in message, message
+    assert what in message, message
+    assert f"step 1 is the newest intact checkpoint: delete {directory / '2'}" in message
+    assert_trees_equal(checkpoints.read_global(plan, 1), states[1])
     assert _tree_bytes(directory) == before
 
 
@@ -212,17 +212,32 @@ def _lossy_data_policies() -> dict[str, str]:
 
 
 def _storm(first: int, steps: int, monkeypatch) -> None:
-    """Data rank 1's gradients are +Inf at step `first` and NaN at the `steps - 1` after it (the
-    per-shard update is wrapped; the product code is unchanged)."""
-    update = zero.update
+    """Data rank 1's gradients are +Inf at step `first` and NaN at the `steps - 1` after it, as
+    they enter the data-parallel reduction (the per-shard step and `zero.reduce` are wrapped; the
+    product code is unchanged)."""
+    from jaxhc.parallel import step as step_module
 
-    def poisoned(params, opt_state, grads, step, *args):
+    reduce, make = zero.reduce, step_module.per_shard_train_step
+    now = {}
+
+    def per_shard(*args, **kwargs):
+        inner = make(*args, **kwargs)
+
+        def step(state, tokens):
+            now["step"] = state.step  # read by `poisoned` below, in the same trace
+            return inner(state, tokens)
+
+        return step
+
+    def poisoned(grads, *args):
+        step = now["step"]
         storm = (jaxhc.axis_index("data") == 1) & (step >= first) & (step < first + steps)
         bad = jnp.where(step == first, jnp.inf, jnp.nan)
         grads = jax.tree.map(lambda g: jnp.where(storm, bad.astype(g.dtype), g), grads)
-        return update(params, opt_state, grads, step, *args)
+        return reduce(grads, *args)
 
-    monkeypatch.setattr(zero, "update", poisoned)
+    monkeypatch.setattr(step_module, "per_shard_train_step", per_shard)
+    monkeypatch.setattr(zero, "reduce", poisoned)
 
 
 def _train_in_process(run: Path, policy: str, tmp_path, *extra: str) -> dict:
@@ -268,21 +283,20 @@ def test_a_storm_longer_than_max_skipped_steps_stops_in_one_line(tmp_path, monke
         "stopping with the state before step 2 (checkpoints kept)"
     )
     assert [r["skipped"] for r in _records(tmp_path / "run")] == [False, False, True, True]
-    checkpoints = Checkpoints(str(tmp_path / "run" / "checkpoints"))
-    try:
-        assert checkpoints.steps() == [2, 4]
-        assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["2", "4"]
-    finally:
-        checkpoints.close()
+    assert Checkpoints(str(tmp_path / "run" / "checkpoints")).steps() == [2, 4]
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["2", "4"]
 
 
 def test_a_non_finite_state_is_never_checkpointed(tmp_path):
+    plan = Plan(MODEL, MeshConfig(data=2, tensor=1, pipe=1), OPTIM)
+    state = from_canonical(random_canonical(plan, 1), plan)
     checkpoints = Checkpoints(str(tmp_path / "checkpoints"))
-    try:
-        assert checkpoints.save(1, {"w": np.ones(4, np.float32)})
-        for bad in (np.nan, np.inf):
-            assert not checkpoints.save(2, {"w": np.array([1, bad, 1, 1], np.float32)})
-        assert checkpoints.steps() == [1]
-        assert os.listdir(tmp_path / "checkpoints") == ["1"]
-    finally:
-        checkpoints.close()
+    assert checkpoints.save(1, plan, blocks(state, plan))
+    for bad in (np.nan, np.inf):
+        master = state.opt_state["master"].copy()
+        master[0, 3] = bad
+        poisoned = state._replace(opt_state={**state.opt_state, "master": master})
+        finite = checkpoints.save(2, plan, blocks(poisoned, plan), finite=all_finite(poisoned))
+        assert not finite
+    assert checkpoints.steps() == [1]
+    assert os.listdir(tmp_path / "checkpoints") == ["1"]

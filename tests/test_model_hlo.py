@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 
 import jax
+import pytest
 
 import jaxhc
 from jaxhc.parallel import init_state
-from tests._gpt import OPTIM, SEED, batch, train_step
+from tests._gpt import BATCH, OPTIM, SEED, batch, train_step
 
 COLLECTIVE = re.compile(
     r"=\s*(?P<type>\(?[^=]*?)\s+"
@@ -17,9 +18,45 @@ COLLECTIVE = re.compile(
 )
 
 
+COMPUTATION = re.compile(r"^(?P<entry>ENTRY )?%(?P<name>\S+) \(.*\) -> .*\{$")
+CALLED = re.compile(
+    r"(?P<kind>to_apply|calls|body|condition|true_computation|false_computation)=%(?P<name>[\w.\-]+)"
+    r"|branch_computations=\{(?P<branches>[^}]*)\}"
+)
+
+
 def collectives(hlo: str) -> list[tuple[str, str]]:
     """(op, result type) of every collective instruction in an HLO module's text."""
     return [(m["op"], m["type"].strip()) for m in map(COLLECTIVE.search, hlo.splitlines()) if m]
+
+
+def collectives_by_branching(hlo: str) -> list[tuple[str, str, bool]]:
+    """(op, result type, inside a conditional's branch) of every collective an HLO module's entry
+    computation reaches, once per place it is called from (a while body counts once)."""
+    found, calls, entry, name = {}, {}, None, None
+    for line in hlo.splitlines():
+        head = COMPUTATION.match(line)
+        if head:
+            name = head["name"]
+            found[name], calls[name] = [], []
+            entry = name if head["entry"] else entry
+        elif name is not None:
+            if m := COLLECTIVE.search(line):
+                found[name].append((m["op"], m["type"].strip()))
+            for m in CALLED.finditer(line):
+                if m["branches"] is not None:
+                    calls[name] += [(b.strip().lstrip("%"), True) for b in m["branches"].split(",")]
+                else:
+                    calls[name].append(
+                        (m["name"], m["kind"] in ("true_computation", "false_computation"))
+                    )
+
+    def walk(name, branched):
+        yield from ((op, t, branched) for op, t in found[name])
+        for callee, branch in calls[name]:
+            yield from walk(callee, branched or branch)
+
+    return list(walk(entry, False))
 
 
 def test_train_step_moves_only_jaxhc_payloads():
@@ -48,11 +85,11 @@ def test_ledger_counts_every_collective_of_a_step():
         jax.block_until_ready(step(state, batch(1)))
         jax.effects_barrier()
     calls = {k: v["calls"] for k, v in ledger.per_axis(devices=mesh.size, by_kind=True).items()}
-    ticks = mesh_cfg.microbatches + mesh_cfg.pipe - 1
     layers = cfg.n_layer // mesh_cfg.pipe
     assert calls == {
-        # attention and MLP each: exit (psum) forward, enter (psum of the cotangent) backward
-        "tensor/act": 2 * 2 * layers * ticks,
+        # attention and MLP each: exit (psum) forward, enter (psum of the cotangent) backward, on
+        # the M ticks a stage holds a micro-batch (none in the S - 1 bubble ticks)
+        "tensor/act": 2 * 2 * layers * mesh_cfg.microbatches,
         # each micro-batch crosses the stage boundary forward, its cotangent backward
         "pipe/act": 2 * mesh_cfg.microbatches,
         "pipe/grad": 4,  # wte, wpe, ln_f scale and bias
@@ -64,3 +101,27 @@ def test_ledger_counts_every_collective_of_a_step():
     micro = cfg.block_size * cfg.n_embd * 4 * (8 // mesh_cfg.data // mesh_cfg.microbatches)
     tensor = ledger.per_axis(devices=mesh.size, by_kind=True)["tensor/act"]
     assert tensor["raw_bytes"] == calls["tensor/act"] * micro  # 2(P-1)/P = 1 for P = 2
+
+
+@pytest.mark.parametrize("mesh_name", ["2x2x2", pytest.param("1x2x4", marks=pytest.mark.slow)])
+def test_bubble_ticks_hold_no_tensor_collectives(mesh_name):
+    """GPipe with M micro-batches on S stages has M + S - 1 ticks; a tick where some stage is in a
+    bubble (t < S - 1 or t > M - 1) runs the layers under a conditional, a tick where every stage
+    works runs them unconditionally. Each tick's layers hold 4 tensor psums in the compiled step
+    (attention and MLP: the forward exit, the backward enter; the scan's body once). Policy none:
+    the psums are XLA all-reduces of one micro-batch's activations."""
+    cfg, mesh_cfg, mesh, step = train_step(mesh_name, "none", "float32")
+    state = init_state(cfg, mesh_cfg, OPTIM, mesh, SEED)
+    hlo = step.lower(state, batch(0)).compile().as_text()
+    micro, stages = mesh_cfg.microbatches, mesh_cfg.pipe
+    rows = BATCH // mesh_cfg.data // micro
+    activation = f"f32[{rows},{cfg.block_size},{cfg.n_embd}]"
+    found = collectives_by_branching(hlo)
+    tensor = [b for op, t, b in found if op == "all-reduce" and t.startswith(activation + "{")]
+    ticks = range(micro + stages - 1)
+    full = sum(1 for t in ticks if stages - 1 <= t <= micro - 1)
+    assert (tensor.count(False), tensor.count(True)) == (4 * full, 4 * (len(ticks) - full))
+    # The stage-boundary messages: one ppermute per tick after the first, forward and backward,
+    # outside the conditionals (a bubble sends nothing because it is in no pair, not by a branch).
+    pipe = [b for op, t, b in found if op == "collective-permute" and t.startswith(activation)]
+    assert pipe == [False] * 2 * (len(ticks) - 1)

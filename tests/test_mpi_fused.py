@@ -125,7 +125,9 @@ SHAPES = [(1, 1), (1, 7), (3, 339), (8, 1000)]  # per rank: tiny, partial blocks
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-@pytest.mark.parametrize("codec", [None, "zfp:8", "zfp:13.5", "mpc", "mpc:0.9:dim=2"])
+@pytest.mark.parametrize(
+    "codec", [None, "zfp:8", "zfp:13.5", "zfp:8:d3", "zfp:5:d2", "mpc", "mpc:0.9:dim=2"]
+)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fused_matches_xla_float32(collective, codec, shape):
     rows = shape[0] * (SIZE if collective == "psum_scatter" else 1)  # whole tiles to scatter
@@ -133,7 +135,7 @@ def test_fused_matches_xla_float32(collective, codec, shape):
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-@pytest.mark.parametrize("codec", [None, "zfp:8", "mpc"])
+@pytest.mark.parametrize("codec", [None, "zfp:8", "zfp:8:d3", "mpc"])
 def test_fused_matches_xla_bfloat16(collective, codec):
     import ml_dtypes
 
@@ -141,16 +143,17 @@ def test_fused_matches_xla_bfloat16(collective, codec):
     _check(collective, codec, ml_dtypes.bfloat16, rows, 777)
 
 
-@pytest.mark.parametrize("codec", [None, "zfp:16", "mpc"])
+@pytest.mark.parametrize("codec", [None, "zfp:16", "zfp:16:d3", "mpc"])
 def test_fused_matches_xla_float64(codec):
     with jax.enable_x64(True):
         _check("psum", codec, np.float64, 2, 1001)
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-def test_nan_on_one_rank_makes_every_rank_plain(collective):
+@pytest.mark.parametrize("codec", ["zfp:8", "zfp:8:d3"])
+def test_nan_on_one_rank_makes_every_rank_plain(collective, codec):
     rows = 8 * (SIZE if collective == "psum_scatter" else 1)
-    _check(collective, "zfp:8", np.float32, rows, 1000, case="nan")
+    _check(collective, codec, np.float32, rows, 1000, case="nan")
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))

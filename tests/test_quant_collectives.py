@@ -27,7 +27,7 @@ def data(mesh, dtype=np.float32, seed=0):
 
 
 def rt(a, codec):
-    return round_trip(a, codec.bits, codec.block)
+    return round_trip(a, codec.bits, codec.block, codec.stochastic, codec.seed)
 
 
 def rt_chunks(a, codec, axis, parts, moved_order=True):
@@ -79,7 +79,7 @@ def assert_same_bits(got, want):
 
 @pytest.mark.parametrize("mesh_name", ["1d2", "1d8"])
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", [*SPECS, "q8:sr5"])
 def test_equals_lax_on_oracle_decoded_inputs(mesh_name, name, spec):
     mesh, axis = mesh_of(mesh_name)
     parts = parts_of(mesh, axis)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 
 import numpy as np
@@ -12,8 +13,11 @@ import yaml
 
 from jaxhc import cli
 from jaxhc.codecs import Mpc, Quant, Zfp
+from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Checkpoints
+from jaxhc.train.config import load
+from jaxhc.train.report import summarize
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 # A shrunken model: as many layers as pipeline stages, tiny widths, a few steps.
@@ -142,24 +146,55 @@ def test_resume_continues_bit_exactly(tmp_path):
     assert train(part, "train.steps=2", *common) == 0
     assert train(part, "train.steps=4", "--resume", *common) == 0
     assert losses(part) == losses(full)  # bit-identical floats, steps 0..3
-    ckpt = Checkpoints(str(part / "checkpoints"))
-    try:
-        residual = np.asarray(ckpt._manager.restore(4)["opt_state"]["residual"])
-    finally:
-        ckpt.close()
+    cfg = load(os.path.join(CONFIGS, "experiments", "default.yaml"), TINY + common[2:])
+    plan = Plan(cfg.model, cfg.mesh, cfg.optim, str(policy))
+    residual = Checkpoints(str(part / "checkpoints")).read_global(plan, 4).opt_state["residual"]
     assert residual.shape[:2] == (2, 2) and np.isfinite(residual).all() and residual.any()
 
 
 def test_report_writes_table_and_plots(tmp_path):
+    """Both runs sample their gradients' fidelity every step (train.fidelity_every=1): the records
+    and the report's table carry it (zfp8 on every message: a small error; none: exact), with the
+    loss gaps to the none run."""
     runs = []
-    for policy in ("none", "zfp8"):
-        runs.append(str(tmp_path / policy))
-        assert train(runs[-1], "--compression", policy, "--steps", "2") == 0
+    for name, policy in (("none", "none"), ("zfp8", every_message("zfp8", tmp_path))):
+        runs.append(str(tmp_path / name))
+        assert (
+            train(runs[-1], "--compression", policy, "--steps", "2", "train.fidelity_every=1") == 0
+        )
+    records = [json.loads(line) for line in open(tmp_path / "zfp8" / "metrics.jsonl")]
+    assert all(0 < r["grad_rel_err"] < 1 and 0.5 < r["grad_cos"] < 1 for r in records), records
     assert cli.main(["report", *runs, "--out", str(tmp_path / "report")]) == 0
     text = open(tmp_path / "report" / "report.md").read()
-    assert "| none | none |" in text and "| zfp8 | zfp8 |" in text
-    for png in ("loss_vs_step.png", "loss_vs_wire.png"):
+    header, _, none, zfp8 = (
+        [cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines()[2:6]
+    )
+    none, zfp8 = dict(zip(header, none, strict=True)), dict(zip(header, zfp8, strict=True))
+    assert (none["run"], none["policy"]) == ("none", "none")
+    assert zfp8["run"] == "zfp8" and zfp8["policy"].endswith("zfp8-every-message.yaml")
+    assert float(zfp8["grad_rel_err"]) == pytest.approx(
+        np.mean([r["grad_rel_err"] for r in records]), rel=1e-3
+    )
+    assert float(none["grad_rel_err"]) == 0 and float(none["final_val_loss_gap_pct"]) == 0
+    val, none_val = float(zfp8["final_val_loss"]), float(none["final_val_loss"])
+    assert float(zfp8["final_val_loss_gap_pct"]) == pytest.approx(
+        100 * (val - none_val) / none_val, abs=0.05
+    )
+    for png in ("loss_vs_step.png", "loss_vs_wire.png", "fidelity.png"):
         assert os.path.getsize(tmp_path / "report" / png) > 1000
+
+
+def test_report_gaps_need_a_none_run_of_the_same_length():
+    def run(policy, losses):
+        steps = [{"step": i, "loss": loss} for i, loss in enumerate(losses)]
+        return {"name": policy, "config": {"compression": policy}, "steps": steps}
+
+    base = summarize(run("none", [2.0, 1.0]), tail=1)
+    assert summarize(run("zfp8", [2.0, 1.1]), tail=1, baseline=base)[
+        "final_loss_gap_pct"
+    ] == pytest.approx(10.0)
+    assert math.isnan(summarize(run("zfp16", [2.0]), tail=1, baseline=base)["final_loss_gap_pct"])
+    assert math.isnan(summarize(run("zfp8", [2.0, 1.1]), tail=1)["final_loss_gap_pct"])
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,16 @@ A tiny GPT on the default 2 x 2 x 2 mesh, with a policy that compresses every me
 
 What must hold, and how exactly:
 - The records are identical but for the measured timings, and so are the checkpointed states
-  (parameters and AdamW moments, gathered from the ranks), bit for bit: the collectives are
-  bitwise XLA's (tests/test_mpi_transport.py), and the per-shard math, although compiled into two
-  different XLA modules (one SPMD module with XLA's collectives, one module per process around
-  mpi4jax's custom calls), rounds the same once the MPI transport's `axis_index` is as opaque to
-  XLA's constant folding as SPMD's partition id (without that, 5 of 30 losses on this machine were
-  1 ulp off, from pipeline-stage branches folded away and fused differently).
+  (parameters, AdamW moments, residuals; each rank wrote its own pieces), bit for bit: the
+  collectives are bitwise XLA's (tests/test_mpi_transport.py), and the per-shard math, although
+  compiled into two different XLA modules (one SPMD module with XLA's collectives, one module per
+  process around mpi4jax's custom calls), rounds the same once the MPI transport's `axis_index` is
+  as opaque to XLA's constant folding as SPMD's partition id (without that, 5 of 30 losses on this
+  machine were 1 ulp off, from pipeline-stage branches folded away and fused differently).
 - Resuming is bit-exact within a transport (XLA here, MPI in the slow test), and checkpoints cross
-  transports (the MPI run's resumes on XLA).
+  transports (the MPI run's resumes on XLA) and meshes (slow: written by 2 ranks, resumed by 4
+  and by 1, policy none: the next losses are XLA's on the new mesh from the same state).
+- The fidelity samples (`train.fidelity_every`, steps 0 and 2) are in those identical records.
 - A mesh that does not match `-np` ends the job with one line.
 - A rank killed mid-run ends the job within a minute, naming the rank; the last checkpoint loads
   and the run resumes from it.
@@ -33,8 +35,11 @@ import jax
 import mpi_helpers as h
 import numpy as np
 import pytest
+from _canonical_oracle import from_canonical, on_mesh, to_canonical
+from _gpt import assert_trees_equal
 
-from jaxhc.parallel import initial_state
+from jaxhc.data import Batches, corpus_bytes
+from jaxhc.parallel.state import Plan
 from jaxhc.train.checkpoint import Checkpoints
 from jaxhc.train.config import load
 from jaxhc.train.loop import XlaRunner, run_loop, train
@@ -49,6 +54,7 @@ TINY = [
     "train.eval_batches=1",
     "train.ckpt_every=2",
     "optim.total_steps=3",
+    "train.fidelity_every=2",  # steps 0 and 2 reduce their gradients a second time, exactly
 ]
 # Data gradients with error feedback: their residuals travel through MPI checkpoints and resumes
 # (so the data psum_scatter takes the unfused algorithm; tests/test_mpi_fused.py covers the fused
@@ -135,20 +141,8 @@ def assert_same_records(got: list[dict], want: list[dict]) -> None:
 
 
 def host_checkpoint(run: Path, step: int, cfg):
-    like = initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed, policy=cfg.compression)
-    checkpoints = Checkpoints(str(run / "checkpoints"))
-    try:
-        return jax.device_get(checkpoints.restore(like, step))
-    finally:
-        checkpoints.close()
-
-
-def assert_same_states(a, b) -> None:
-    leaves_a, tree_a = jax.tree.flatten(a)
-    leaves_b, tree_b = jax.tree.flatten(b)
-    assert tree_a == tree_b
-    for x, y in zip(leaves_a, leaves_b, strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    plan = Plan(cfg.model, cfg.mesh, cfg.optim, cfg.compression)
+    return Checkpoints(str(run / "checkpoints")).read_global(plan, step)
 
 
 def resume_copy(run: Path, dest: Path) -> Path:
@@ -187,6 +181,8 @@ def test_mpi_training_matches_xla(cfg, mpi_run, xla_run):
     assert [r["step"] for r in mpi] == [0, 1, 2]
     assert_same_records(mpi, xla)
     assert mpi[-1]["wire_bytes"]["data"] < mpi[-1]["raw_bytes"]["data"]  # zfp did compress
+    assert [("grad_rel_err" in r) + ("grad_cos" in r) for r in mpi] == [2, 0, 2]
+    assert 0 < mpi[0]["grad_rel_err"] < 0.2 and 0.98 < mpi[0]["grad_cos"] < 1
 
     config = json.loads((mpi_run / "config.json").read_text())
     assert config["transport"] == "mpi" and len(config["devices"]) == 8
@@ -194,7 +190,7 @@ def test_mpi_training_matches_xla(cfg, mpi_run, xla_run):
 
     assert sorted(os.listdir(mpi_run / "checkpoints")) == ["2", "3"]
     for step in (2, 3):  # parameters, AdamW moments, EF residuals, gathered from the ranks
-        assert_same_states(host_checkpoint(mpi_run, step, cfg), host_checkpoint(xla_run, step, cfg))
+        assert_trees_equal(host_checkpoint(mpi_run, step, cfg), host_checkpoint(xla_run, step, cfg))
     residual = np.asarray(host_checkpoint(mpi_run, 3, cfg).opt_state["residual"])
     assert residual.shape[:2] == (2, 2) and residual.any()
 
@@ -203,14 +199,14 @@ def test_an_mpi_checkpoint_resumes_on_xla(cfg, mpi_run, xla_run, tmp_path):
     run = resume_copy(mpi_run, tmp_path / "mpi-then-xla")
     train(cfg, str(run), resume=True, progress=False)
     assert_same_records(records(run), records(xla_run))
-    assert_same_states(host_checkpoint(run, 3, cfg), host_checkpoint(xla_run, 3, cfg))
+    assert_trees_equal(host_checkpoint(run, 3, cfg), host_checkpoint(xla_run, 3, cfg))
 
 
 def test_xla_resume_is_bit_exact(cfg, xla_run, tmp_path):
     run = resume_copy(xla_run, tmp_path / "xla-resumed")
     train(cfg, str(run), resume=True, progress=False)
     assert_same_records(records(run), records(xla_run))
-    assert_same_states(host_checkpoint(run, 3, cfg), host_checkpoint(xla_run, 3, cfg))
+    assert_trees_equal(host_checkpoint(run, 3, cfg), host_checkpoint(xla_run, 3, cfg))
 
 
 def test_a_mesh_that_does_not_match_np_is_one_line(tmp_path):
@@ -240,7 +236,46 @@ def test_mpi_resume_is_bit_exact(policy, cfg, mpi_run, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     print(f"\nmpirun -np 8 --resume, 1 step: {took:.1f} s")
     assert_same_records(records(run), records(mpi_run))
-    assert_same_states(host_checkpoint(run, 3, cfg), host_checkpoint(mpi_run, 3, cfg))
+    assert_trees_equal(host_checkpoint(run, 3, cfg), host_checkpoint(mpi_run, 3, cfg))
+
+
+def _mesh(d: int, t: int, p: int) -> list[str]:
+    micro = 2 if p > 1 else 1
+    return [f"mesh.data={d}", f"mesh.tensor={t}", f"mesh.pipe={p}", f"mesh.microbatches={micro}"]
+
+
+@pytest.mark.slow  # three mpirun jobs: about 4 minutes on 2 cores
+def test_an_mpi_checkpoint_resumes_on_other_meshes(tmp_path):
+    """Policy none, 4 steps: written by `mpirun -np 2` on 1 x 1 x 2 (two pipeline stages),
+    resumed after step 2 by `mpirun -np 4` on 4 x 1 x 1 and by `mpirun -np 1`: steps 2 and 3 are
+    what the XLA transport computes on the new mesh from the same state (placed there by the
+    whole-array oracle), within 1e-6."""
+    common = TINY + ["compression=none", "train.steps=4", "optim.total_steps=4"]
+    written = tmp_path / "np2"
+    proc, _ = mpirun_train(2, written, common + _mesh(1, 1, 2))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cfg = load(str(CONFIG), common + _mesh(1, 1, 2))
+    plan = Plan(cfg.model, cfg.mesh, cfg.optim)
+    canon = to_canonical(Checkpoints(str(written / "checkpoints")).read_global(plan, 2), plan)
+    batches = Batches(corpus_bytes(), cfg.train.batch_size, cfg.model.block_size, cfg.train.seed)
+    for np_, shape in ((4, (4, 1, 1)), (1, (1, 1, 1))):
+        run = tmp_path / f"np{np_}"
+        shutil.copytree(written, run)
+        shutil.rmtree(run / "checkpoints" / "4")
+        proc, took = mpirun_train(np_, run, common + _mesh(*shape), resume=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got = [r["loss"] for r in records(run)]
+        assert [r["step"] for r in records(run)] == [0, 1, 2, 3]
+
+        runner = XlaRunner(load(str(CONFIG), common + _mesh(*shape)), jax.devices()[:np_])
+        state = on_mesh(from_canonical(canon, runner.plan), runner)
+        want = []
+        for i in (2, 3):
+            state, metrics = runner.step(state, batches.train(i))
+            want.append(float(metrics["loss"]))
+        print(f"\n-np 2 then -np {np_} ({took:.0f} s): {got}; XLA from the same state: {want}")
+        np.testing.assert_allclose(got[2:], want, rtol=0, atol=1e-6)
+        assert got[:2] == [r["loss"] for r in records(written)][:2]
 
 
 def _rank_pid(mpirun: int, rank: int) -> int | None:

@@ -20,6 +20,7 @@ from jaxhc.codecs import Codec, Zfp
 from tests._zfp_oracle import (
     F32_RATES,
     F64_RATES,
+    ND_F32_RATES,
     assert_matches_zfpy,
     bits,
     families,
@@ -89,6 +90,23 @@ def test_special_values_match_zfpy(kernel, dtype, rates, x64):
             assert_matches_zfpy(x, rate, CPU)
 
 
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dtype,rates", [(np.float32, ND_F32_RATES), (np.float64, [8, 16, 40, 64])])
+def test_nd_special_values_match_zfpy(kernel, dims, dtype, rates, x64):
+    """The 2-D/3-D coder (compiled per kernel) on the specials and on every partial block."""
+    for seed, n in enumerate([4097, 999, 64 * 16 + 3]):
+        x = specials(dtype, n, seed)
+        for rate in rates:
+            assert_matches_zfpy(x, rate, CPU, dims)
+    x = families(dtype, 200, seed=3)["walk"]
+    for n in range(1, 200):
+        codec = Zfp(8, dims=dims)
+        stream, finite = codec.encode_numpy(x[:n])
+        ref_stream, ref_y = zfpy_roundtrip(x[:n], 8, dims)
+        assert stream == ref_stream and finite, f"stream differs from zfpy: n={n} dims={dims}"
+        np.testing.assert_array_equal(bits(codec.decode_numpy(stream, n, dtype)), bits(ref_y))
+
+
 @pytest.mark.parametrize(
     "dtype,rate", [(np.float32, 8), (np.float32, 16), (np.float32, 5.5), (np.float64, 16)]
 )
@@ -137,8 +155,8 @@ def test_narrow_types_code_their_float32_widening(kernel, dtype, rate):
 
 
 @functools.cache
-def _sum_fns(rate: float, m: int, dtype):
-    codec = Zfp(rate)
+def _sum_fns(rate: float, m: int, dtype, dims: int = 1):
+    codec = Zfp(rate, dims=dims)
     fused = jax.jit(lambda p: codec.decode_sum(p, m, dtype))
     unfused = jax.jit(lambda p: Codec.decode_sum(codec, p, m, dtype))  # the generic path
     return fused, unfused
@@ -161,9 +179,9 @@ def payload_sets(codec: Zfp, parts: int, m: int, dtype, seed: int):
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, jnp.float16, np.float64])
 @pytest.mark.parametrize("parts", [1, 2, 3, 5])
 def test_decode_sum_equals_decode_then_sum_in_rank_order(kernel, dtype, parts, x64):
-    for rate, m in [(8, 1), (8, 1001), (16, 4099), (5.5, 70)]:
-        codec = Zfp(rate)
-        fused, unfused = _sum_fns(rate, m, dtype)
+    for rate, m, dims in [(8, 1, 1), (8, 1001, 1), (16, 4099, 1), (5.5, 70, 1), (8, 1001, 3)]:
+        codec = Zfp(rate, dims=dims)
+        fused, unfused = _sum_fns(rate, m, dtype, dims)
         for name, p in payload_sets(codec, parts, m, dtype, seed=parts).items():
             got, want = np.asarray(fused(p)), np.asarray(unfused(p))
             assert got.dtype == want.dtype == dtype and got.shape == (m,)

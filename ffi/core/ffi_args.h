@@ -20,9 +20,11 @@ namespace zfp {
 
 template <typename Scalar>
 std::string check_encode_args(xla::ffi::AnyBuffer x, xla::ffi::AnyBuffer payload,
-                              xla::ffi::AnyBuffer finite, int64_t maxbits, Rows* r) {
+                              xla::ffi::AnyBuffer finite, int64_t maxbits, int64_t dims,
+                              Rows* r) {
   auto fdims = finite.dimensions();
-  std::string err = check_rows<Scalar>(x.dimensions(), payload.dimensions(), &fdims, maxbits, r);
+  std::string err =
+      check_rows<Scalar>(x.dimensions(), payload.dimensions(), &fdims, maxbits, dims, r);
   if (!err.empty()) return err;
   if (payload.element_type() != xla::ffi::DataType::U8 ||
       finite.element_type() != xla::ffi::DataType::PRED)
@@ -33,10 +35,10 @@ std::string check_encode_args(xla::ffi::AnyBuffer x, xla::ffi::AnyBuffer payload
 
 template <typename Scalar>
 std::string check_decode_args(xla::ffi::AnyBuffer payload, xla::ffi::AnyBuffer x, int64_t maxbits,
-                              Rows* r) {
+                              int64_t dims, Rows* r) {
   std::string err = check_rows<Scalar>(
       x.dimensions(), payload.dimensions(),
-      static_cast<const xla::ffi::AnyBuffer::Dimensions*>(nullptr), maxbits, r);
+      static_cast<const xla::ffi::AnyBuffer::Dimensions*>(nullptr), maxbits, dims, r);
   if (!err.empty()) return err;
   if (payload.element_type() != xla::ffi::DataType::U8) return "payload must be uint8";
   if (!aligned8(payload.untyped_data())) return "payload buffer is not 8-byte aligned";
@@ -46,12 +48,12 @@ std::string check_decode_args(xla::ffi::AnyBuffer payload, xla::ffi::AnyBuffer x
 // Payloads [..., parts, bytes] summed into values [..., n] (jaxhc_zfp_decode_sum).
 template <typename Scalar>
 std::string check_decode_sum_args(xla::ffi::AnyBuffer payloads, xla::ffi::AnyBuffer x,
-                                  int64_t maxbits, Rows* r, uint64_t* parts) {
+                                  int64_t maxbits, int64_t dims, Rows* r, uint64_t* parts) {
   std::vector<int64_t> rows, one;
   std::string err = split_sum_dims(payloads.dimensions(), x.dimensions(), &rows, &one, parts);
   if (err.empty())
     err = check_rows<Scalar>(one, rows, static_cast<const std::vector<int64_t>*>(nullptr), maxbits,
-                             r);
+                             dims, r);
   if (!err.empty()) return err;
   if (payloads.element_type() != xla::ffi::DataType::U8) return "payloads must be uint8";
   if (!aligned8(payloads.untyped_data())) return "payloads buffer is not 8-byte aligned";
@@ -136,6 +138,17 @@ inline std::string check_decode_args(xla::ffi::AnyBuffer payload, xla::ffi::AnyB
 
 }  // namespace mpc
 namespace quant {
+
+// The encoder's rounding attributes: stochastic 0 or 1, seed 0..2^32-1.
+inline std::string check_rounding(int64_t stochastic, int64_t seed, Rounding* rnd) {
+  if (stochastic != 0 && stochastic != 1)
+    return "stochastic " + std::to_string(stochastic) + " must be 0 or 1";
+  if (seed < 0 || seed > int64_t{0xffffffff})
+    return "seed " + std::to_string(seed) + " must be in 0..4294967295";
+  rnd->stochastic = stochastic == 1;
+  rnd->seed = static_cast<uint32_t>(seed);
+  return "";
+}
 
 inline std::string check_params(int64_t bits, int64_t block) {
   if (!valid_bits(bits)) return "bits " + std::to_string(bits) + " must be 8 or 4";

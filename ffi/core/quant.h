@@ -17,6 +17,13 @@
 // or zero, and a product x * inv that would be subnormal rounds to code 0 either way.
 // bfloat16/float16 rows are coded as their exact float32 widening; decoded values are rounded to
 // them as jnp.astype does (core/floats.h). Each product is a single rounded multiply (no FMA).
+//
+// Stochastic rounding (Rounding::stochastic, seeded): y = x * inv rounds up to floor(y) + 1 with
+// probability frac(y) = y - floor(y) (to 2^-24), else down, so the decoded value is unbiased over
+// seeds. The uniform draw is r / 2^24 with r = 24 bits of a hash of (seed, the value's index in
+// its row, the value's float32 bits): reproducible, the same on CPU and GPU, different for each
+// value and each input. A subnormal x or |y| < 2^-24 gives code 0 (so a flush of subnormals to
+// zero changes nothing), and codes are clamped to [-Q, Q]. The payload format and decoding do not change.
 #pragma once
 #include <cmath>
 
@@ -73,6 +80,43 @@ JAXHC_HD Scale scale_of(uint32_t amax_bits, int bits) {
 }
 
 JAXHC_HD int quantize(float x, float inv) { return round_even(mul_rn(x, inv)); }
+
+struct Rounding {
+  bool stochastic = false;
+  uint32_t seed = 0;
+};
+
+// A 32-bit integer hash with full avalanche (xor-shift / multiply rounds).
+JAXHC_HD uint32_t mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  return h ^ (h >> 16);
+}
+
+// 24 uniform bits for value i (index in its row) of float32 bits xb, under a seed.
+JAXHC_HD uint32_t sr_draw(uint32_t seed, uint64_t i, uint32_t xb) {
+  uint32_t h = mix32(static_cast<uint32_t>(i) ^ mix32(static_cast<uint32_t>(i >> 32) ^ seed));
+  return mix32(h ^ xb) >> 8;
+}
+
+JAXHC_HD float floor_f(float y) {
+#if defined(__CUDA_ARCH__)
+  return floorf(y);
+#else
+  return std::floor(y);
+#endif
+}
+
+// The stochastically rounded code of x (see the header): draw = sr_draw(...), q = qmax(bits).
+JAXHC_HD int quantize_sr(float x, float inv, int q, uint32_t draw) {
+  const float y = mul_rn(x, inv);
+  if (abs_bits(x) < (1u << 23) || abs_bits(y) < (103u << 23)) return 0;  // |y| < 2^-24
+  const float f = floor_f(y), frac = y - f;
+  int c = static_cast<int>(f) + (static_cast<float>(draw) < frac * 16777216.0f);
+  return c > q ? q : c < -q ? -q : c;
+}
 
 JAXHC_HD float dequantize(int code, float scale) { return mul_rn(static_cast<float>(code), scale); }
 

@@ -26,9 +26,14 @@
 namespace jaxhc {
 namespace zfp {
 
-// Bytes of the stream of n values at maxbits bits per 4-value block, padded to 64-bit words.
-JAXHC_HD uint64_t payload_bytes(uint64_t n, uint32_t maxbits) {
-  uint64_t bits = ((n + 3) / 4) * maxbits;
+// Values per block of the dims-D layouts (core/zfp_nd.h): 4, 16 or 64.
+JAXHC_HD constexpr int block_values(int dims) { return 1 << (2 * dims); }
+
+// Bytes of the stream of n values at maxbits bits per block of 4^dims values, padded to 64-bit
+// words.
+JAXHC_HD uint64_t payload_bytes(uint64_t n, uint32_t maxbits, int dims) {
+  const uint64_t s = static_cast<uint64_t>(block_values(dims));
+  uint64_t bits = ((n + s - 1) / s) * maxbits;
   return ((bits + 63) / 64) * 8;
 }
 
@@ -58,6 +63,8 @@ struct Format : Traits<Scalar> {
   static constexpr int kMinBits = 1 + T::kEbits;       // a block holds at least its exponent
   static constexpr int kMaxBits = 4 * kIntPrec;        // ... and never more than 4 full integers
   static constexpr int kWords = kMaxBits / 64;         // 64-bit words of one block's bits, at most
+  // The same for a block of 4^dims values.
+  static constexpr int max_bits(int dims) { return block_values(dims) * kIntPrec; }
   static constexpr int kMinSubExp = 1 - T::kEbias - T::kMantBits;  // of the smallest subnormal
   static constexpr UInt kSign = UInt(1) << (kIntPrec - 1);  // also INT_MIN as two's complement
   static constexpr UInt kInf = UInt(2 * T::kEbias + 1) << T::kMantBits;
@@ -66,8 +73,9 @@ struct Format : Traits<Scalar> {
 };
 
 template <typename Scalar>
-JAXHC_HD bool valid_maxbits(int64_t maxbits) {
-  return maxbits >= Format<Scalar>::kMinBits && maxbits <= Format<Scalar>::kMaxBits;
+JAXHC_HD bool valid_maxbits(int64_t maxbits, int64_t dims) {
+  return dims >= 1 && dims <= 3 && maxbits >= Format<Scalar>::kMinBits &&
+         maxbits <= Format<Scalar>::max_bits(static_cast<int>(dims));
 }
 
 namespace detail {
@@ -86,9 +94,9 @@ JAXHC_HD Scalar from_bits(typename Traits<Scalar>::UInt u) {
   return x;
 }
 
-// zfp's maximum number of coded bit planes (precision() for 1-D, maxprec 64, minexp -1074).
-JAXHC_HD int precision(int emax) {
-  int p = emax + 1074 + 4;
+// zfp's maximum number of coded bit planes (precision() for dims-D, maxprec 64, minexp -1074).
+JAXHC_HD int precision(int emax, int dims = 1) {
+  int p = emax + 1074 + 2 * (dims + 1);
   return p < 0 ? 0 : p > 64 ? 64 : p;
 }
 
@@ -152,26 +160,79 @@ JAXHC_HD typename Traits<Scalar>::UInt asr(typename Traits<Scalar>::UInt x, int 
   return static_cast<typename Traits<Scalar>::UInt>(static_cast<Int>(x) >> s);
 }
 
+// The lifts of 4 values at stride s (1 for a 1-D block; 4 and 16 along y and z of core/zfp_nd.h).
 template <typename Scalar>
-JAXHC_HD void fwd_lift(typename Traits<Scalar>::UInt* p) {
-  auto x = p[0], y = p[1], z = p[2], w = p[3];
+JAXHC_HD void fwd_lift(typename Traits<Scalar>::UInt* p, int s = 1) {
+  auto x = p[0], y = p[s], z = p[2 * s], w = p[3 * s];
   x += w; x = asr<Scalar>(x, 1); w -= x;
   z += y; z = asr<Scalar>(z, 1); y -= z;
   x += z; x = asr<Scalar>(x, 1); z -= x;
   w += y; w = asr<Scalar>(w, 1); y -= w;
   w += asr<Scalar>(y, 1); y -= asr<Scalar>(w, 1);
-  p[0] = x, p[1] = y, p[2] = z, p[3] = w;
+  p[0] = x, p[s] = y, p[2 * s] = z, p[3 * s] = w;
 }
 
 template <typename Scalar>
-JAXHC_HD void inv_lift(typename Traits<Scalar>::UInt* p) {
-  auto x = p[0], y = p[1], z = p[2], w = p[3];
+JAXHC_HD void inv_lift(typename Traits<Scalar>::UInt* p, int s = 1) {
+  auto x = p[0], y = p[s], z = p[2 * s], w = p[3 * s];
   y += asr<Scalar>(w, 1); w -= asr<Scalar>(y, 1);
   y += w; w <<= 1; w -= y;
   z += x; x <<= 1; x -= z;
   y += z; z <<= 1; z -= y;
   w += x; x <<= 1; x -= w;
-  p[0] = x, p[1] = y, p[2] = z, p[3] = w;
+  p[0] = x, p[s] = y, p[2 * s] = z, p[3 * s] = w;
+}
+
+// The largest magnitude among the bits of S values, NaN left out (zfp's `max < f` is false for
+// it); clears *finite if one of them is NaN or inf. 0: every value is +-0.
+template <int S, typename Scalar>
+JAXHC_HD typename Traits<Scalar>::UInt block_amax(const typename Traits<Scalar>::UInt* bits,
+                                                  bool* finite) {
+  using F = Format<Scalar>;
+  using UInt = typename F::UInt;
+  UInt amax = 0;
+  bool fin = true;
+  for (int i = 0; i < S; i++) {
+    UInt a = bits[i] & ~F::kSign;
+    fin &= a < F::kInf;
+    a &= UInt(0) - UInt(a <= F::kInf);
+    amax ^= (amax ^ a) & (UInt(0) - UInt(a > amax));  // branch-free: data decide too often
+  }
+  *finite = fin;
+  return amax;
+}
+
+// zfp's fwd_cast: the S values (v, their bits) as block-floating-point integers for emax.
+template <int S, typename Scalar>
+JAXHC_HD void fwd_cast_block(const Scalar* v, const typename Traits<Scalar>::UInt* bits,
+                             bool finite, int emax, typename Traits<Scalar>::UInt* u) {
+  using F = Format<Scalar>;
+  using UInt = typename F::UInt;
+  int shift = F::kIntPrec - 2 - emax;  // zfp scales by 2^shift; beyond EBIAS that is inf
+  if (finite && shift < F::kEbias) {
+    // A normal factor and |x| * 2^shift < 2^(intprec - 2): float arithmetic is exact up to the
+    // truncation, and subnormal x (which a flush to zero would drop) give |product| < 1 anyway.
+    Scalar s = from_bits<Scalar>(UInt(shift + F::kEbias) << F::kMantBits);
+    for (int i = 0; i < S; i++) u[i] = static_cast<UInt>(static_cast<typename F::Int>(v[i] * s));
+  } else {
+    for (int i = 0; i < S; i++)
+      u[i] = shift > F::kEbias ? F::kSign : fwd_cast<Scalar>(bits[i], shift);
+  }
+}
+
+// zfp's inv_cast: the S integers u (two's complement) as values for emax.
+template <int S, typename Scalar>
+JAXHC_HD void inv_cast_block(const typename Traits<Scalar>::UInt* u, int emax, Scalar* v) {
+  using F = Format<Scalar>;
+  using UInt = typename F::UInt;
+  using Int = typename F::Int;
+  int shift = emax - (F::kIntPrec - 2);
+  if (shift >= 1 - F::kEbias) {  // a normal factor: products are normal, 0 or inf, FTZ or not
+    Scalar s = from_bits<Scalar>(UInt(shift + F::kEbias) << F::kMantBits);
+    for (int i = 0; i < S; i++) v[i] = static_cast<Scalar>(static_cast<Int>(u[i])) * s;
+  } else {
+    for (int i = 0; i < S; i++) v[i] = scale_small<Scalar>(static_cast<Int>(u[i]), shift);
+  }
 }
 
 }  // namespace detail
@@ -208,38 +269,39 @@ JAXHC_HD void put_zeros(Sink& out, int n) {
   for (; n > 0; n -= 64) out.put(0, n < 64 ? n : 64);
 }
 
+// The head of a nonzero block (largest magnitude amax): a 1 bit and the biased exponent emax,
+// which it returns. (A block of zeros is a single 0 bit, then padding.)
+template <typename Scalar, typename Sink>
+JAXHC_HD int put_exponent(typename Traits<Scalar>::UInt amax, Sink& out) {
+  using F = Format<Scalar>;
+  int emax = detail::block_emax<Scalar>(amax);
+  out.put(2 * static_cast<uint64_t>(emax + F::kEbias) + 1, F::kMinBits);
+  return emax;
+}
+
+// The exponent of a block's bits in[0, ...) (those of a nonzero block: in[0] & 1).
+template <typename Scalar>
+JAXHC_HD int get_exponent(const uint64_t* in) {
+  using F = Format<Scalar>;
+  return static_cast<int>((in[0] >> 1) & ((1u << F::kEbits) - 1)) - F::kEbias;
+}
+
 // Appends the code of 4 values to out: exactly maxbits bits (valid_maxbits). Returns whether all
 // 4 values are finite.
 template <typename Bits = PortableBits, typename Scalar, typename Sink>
 JAXHC_HD bool encode_block(const Scalar* v, int maxbits, Sink& out) {
   using F = Format<Scalar>;
   using UInt = typename F::UInt;
-  UInt bits[4], amax = 0;
+  UInt bits[4], u[4];
   memcpy(bits, v, sizeof bits);  // (straight from memory into integer registers)
-  bool finite = true;
-  for (int i = 0; i < 4; i++) {
-    UInt a = bits[i] & ~F::kSign;  // NaN is left out of the max (zfp's `max < f` is false)
-    finite &= a < F::kInf;
-    a &= UInt(0) - UInt(a <= F::kInf);
-    amax ^= (amax ^ a) & (UInt(0) - UInt(a > amax));  // branch-free: data decide too often
-  }
-  if (!amax) {  // biased exponent 0: a single 0 bit, then padding
+  bool finite;
+  UInt amax = detail::block_amax<4, Scalar>(bits, &finite);
+  if (!amax) {
     put_zeros(out, maxbits);
     return finite;
   }
-  int emax = detail::block_emax<Scalar>(amax);
-  out.put(2 * static_cast<uint64_t>(emax + F::kEbias) + 1, F::kMinBits);
-  UInt u[4];
-  int shift = F::kIntPrec - 2 - emax;  // zfp scales by 2^shift; beyond EBIAS that is inf
-  if (finite && shift < F::kEbias) {
-    // A normal factor and |x| * 2^shift < 2^(intprec - 2): float arithmetic is exact up to the
-    // truncation, and subnormal x (which a flush to zero would drop) give |product| < 1 anyway.
-    Scalar s = detail::from_bits<Scalar>(UInt(shift + F::kEbias) << F::kMantBits);
-    for (int i = 0; i < 4; i++) u[i] = static_cast<UInt>(static_cast<typename F::Int>(v[i] * s));
-  } else {
-    for (int i = 0; i < 4; i++)
-      u[i] = shift > F::kEbias ? F::kSign : detail::fwd_cast<Scalar>(bits[i], shift);
-  }
+  int emax = put_exponent<Scalar>(amax, out);
+  detail::fwd_cast_block<4>(v, bits, finite, emax, u);
   detail::fwd_lift<Scalar>(u);
   for (int i = 0; i < 4; i++) u[i] = (u[i] + F::kNbMask) ^ F::kNbMask;
   int budget = maxbits - F::kMinBits;
@@ -252,23 +314,16 @@ template <typename Bits = PortableBits, typename Scalar>
 JAXHC_HD void decode_block(const uint64_t* in, int maxbits, Scalar* v) {
   using F = Format<Scalar>;
   using UInt = typename F::UInt;
-  using Int = typename F::Int;
   if (!(in[0] & 1)) {
     v[0] = v[1] = v[2] = v[3] = Scalar(0);
     return;
   }
-  int emax = static_cast<int>((in[0] >> 1) & ((1u << F::kEbits) - 1)) - F::kEbias;
+  int emax = get_exponent<Scalar>(in);
   UInt u[4] = {0, 0, 0, 0};
   detail::decode_ints<Bits>(in, detail::precision(emax), u, F::kMinBits, maxbits);
   for (int i = 0; i < 4; i++) u[i] = (u[i] ^ F::kNbMask) - F::kNbMask;
   detail::inv_lift<Scalar>(u);
-  int shift = emax - (F::kIntPrec - 2);
-  if (shift >= 1 - F::kEbias) {  // a normal factor: products are normal, 0 or inf, FTZ or not
-    Scalar s = detail::from_bits<Scalar>(UInt(shift + F::kEbias) << F::kMantBits);
-    for (int i = 0; i < 4; i++) v[i] = static_cast<Scalar>(static_cast<Int>(u[i])) * s;
-  } else {
-    for (int i = 0; i < 4; i++) v[i] = detail::scale_small<Scalar>(static_cast<Int>(u[i]), shift);
-  }
+  detail::inv_cast_block<4>(u, emax, v);
 }
 
 // Word w of the stream of x[0, n): the codes of all blocks with bits in it, each block coded
@@ -320,14 +375,19 @@ using ::jaxhc::Rows;
 // Dims: anything with size() and operator[] (ffi::Span). Returns an error message, "" if valid.
 template <typename Scalar, typename Dims>
 std::string check_rows(const Dims& values, const Dims& payload, const Dims* flags, int64_t maxbits,
-                       Rows* r) {
+                       int64_t dims, Rows* r) {
   using F = Format<Scalar>;
-  if (!valid_maxbits<Scalar>(maxbits))
+  if (dims < 1 || dims > 3) return "dims " + std::to_string(dims) + " is not 1, 2 or 3";
+  if (!valid_maxbits<Scalar>(maxbits, dims))
     return "maxbits " + std::to_string(maxbits) + " is out of range " +
-           std::to_string(F::kMinBits) + ".." + std::to_string(F::kMaxBits) + " for float" +
-           std::to_string(F::kIntPrec);
-  auto bytes = [&](uint64_t n) { return payload_bytes(n, static_cast<uint32_t>(maxbits)); };
-  return check_row_shapes(values, payload, flags, bytes, "at maxbits " + std::to_string(maxbits),
+           std::to_string(F::kMinBits) + ".." + std::to_string(F::max_bits(int(dims))) +
+           " for float" + std::to_string(F::kIntPrec) + " in " + std::to_string(dims) + "-D";
+  auto bytes = [&](uint64_t n) {
+    return payload_bytes(n, static_cast<uint32_t>(maxbits), static_cast<int>(dims));
+  };
+  return check_row_shapes(values, payload, flags, bytes,
+                          "at maxbits " + std::to_string(maxbits) + " in " +
+                              std::to_string(dims) + "-D",
                           r);
 }
 

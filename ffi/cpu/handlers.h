@@ -3,15 +3,17 @@
 // Buffer contracts (shared with the CUDA module and with jaxhc/codecs/*.py). Every operand carries
 // optional leading batch dimensions (vmap uses "broadcast_all"); the last dimension is the item.
 // Attributes arrive as int64 (jax.ffi.ffi_call passes Python ints as i64).
-//   jaxhc_zfp_encode  x: F32|F64|BF16|F16 [..., n]  attrs: maxbits (bits per 4-value block)
-//                     -> payload: U8 [..., zfp_payload_bytes(n, maxbits)], finite: PRED [...]
+//   jaxhc_zfp_encode  x: F32|F64|BF16|F16 [..., n]  attrs: maxbits (bits per block), dims (1, 2
+//                     or 3: blocks of 4^dims values)
+//                     -> payload: U8 [..., zfp_payload_bytes(n, maxbits, dims)], finite: PRED [...]
 //                     BF16/F16 values are coded as their float32 widening (the float32 stream)
-//   jaxhc_zfp_decode  payload: U8 [..., bytes]      attrs: maxbits
+//   jaxhc_zfp_decode  payload: U8 [..., bytes]      attrs: maxbits, dims
 //                     -> x: F32|F64|BF16|F16 [..., n]  (narrow types rounded as jnp.astype)
-//   jaxhc_zfp_decode_sum  payloads: U8 [..., P, bytes]  attrs: maxbits
+//   jaxhc_zfp_decode_sum  payloads: U8 [..., P, bytes]  attrs: maxbits, dims
 //                     -> x: F32|F64|BF16|F16 [..., n]: the P decoded rows, each rounded to x's
 //                        type, added in order 0..P-1 in float32 (float64 for F64), then rounded
-//   jaxhc_quant_encode  x: F32|BF16|F16 [..., n]  attrs: bits (8 or 4), block (multiple of 8)
+//   jaxhc_quant_encode  x: F32|BF16|F16 [..., n]  attrs: bits (8 or 4), block (multiple of 8),
+//                     stochastic (0: round to nearest even, 1: stochastic rounding), seed (0..2^32-1)
 //                     -> payload: U8 [..., quant_payload_bytes(n, bits, block)], ok: PRED [...]
 //                        (ok: every value finite; format in core/quant.h)
 //   jaxhc_quant_decode  payload: U8 [..., bytes]  attrs: bits, block  -> x: F32|BF16|F16 [..., n]

@@ -25,10 +25,12 @@ nb::capsule Capsule(T* fn) {
 
 using Values = nb::ndarray<nb::numpy, nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-void check_maxbits(bool f64, int maxbits) {
-  bool ok = f64 ? jaxhc::zfp::valid_maxbits<double>(maxbits)
-                : jaxhc::zfp::valid_maxbits<float>(maxbits);
-  if (!ok) throw std::invalid_argument("zfp maxbits " + std::to_string(maxbits) + " is out of range");
+void check_maxbits(bool f64, int maxbits, int dims) {
+  bool ok = f64 ? jaxhc::zfp::valid_maxbits<double>(maxbits, dims)
+                : jaxhc::zfp::valid_maxbits<float>(maxbits, dims);
+  if (!ok)
+    throw std::invalid_argument("zfp maxbits " + std::to_string(maxbits) + " is out of range in " +
+                                std::to_string(dims) + "-D (dims 1..3)");
 }
 
 bool is_f64(nb::dlpack::dtype t) {
@@ -38,21 +40,21 @@ bool is_f64(nb::dlpack::dtype t) {
 }
 
 // (stream bytes, finite) of a 1-D float array: the same stream as the jaxhc_zfp_encode handler.
-nb::tuple zfp_encode(Values x, int maxbits) {
+nb::tuple zfp_encode(Values x, int maxbits, int dims) {
   bool f64 = is_f64(x.dtype());
-  check_maxbits(f64, maxbits);
+  check_maxbits(f64, maxbits, dims);
   uint64_t n = x.shape(0);
   if (n == 0) throw std::invalid_argument("zfp cannot encode an empty array");
-  std::vector<uint64_t> words(jaxhc::zfp::payload_bytes(n, maxbits) / 8);
+  std::vector<uint64_t> words(jaxhc::zfp::payload_bytes(n, maxbits, dims) / 8);
   auto type = f64 ? jaxhc::zfp::Elem::kF64 : jaxhc::zfp::Elem::kF32;
-  bool finite = jaxhc::zfp::encode_row(x.data(), type, n, maxbits, words.data());
+  bool finite = jaxhc::zfp::encode_row(x.data(), type, n, maxbits, dims, words.data());
   return nb::make_tuple(nb::bytes(words.data(), words.size() * 8), finite);
 }
 
 // The n values of a stream written by zfp_encode (float64 when f64, else float32).
-nb::object zfp_decode(nb::bytes stream, uint64_t n, bool f64, int maxbits) {
-  check_maxbits(f64, maxbits);
-  size_t need = jaxhc::zfp::payload_bytes(n, maxbits);
+nb::object zfp_decode(nb::bytes stream, uint64_t n, bool f64, int maxbits, int dims) {
+  check_maxbits(f64, maxbits, dims);
+  size_t need = jaxhc::zfp::payload_bytes(n, maxbits, dims);
   if (n == 0 || stream.size() != need)
     throw std::invalid_argument("zfp stream of " + std::to_string(stream.size()) +
                                 " bytes does not hold " + std::to_string(n) + " values (need " +
@@ -62,7 +64,7 @@ nb::object zfp_decode(nb::bytes stream, uint64_t n, bool f64, int maxbits) {
   size_t size = n * (f64 ? 8 : 4);
   auto* out = new uint8_t[size];
   jaxhc::zfp::decode_row(words.data(), f64 ? jaxhc::zfp::Elem::kF64 : jaxhc::zfp::Elem::kF32, n,
-                         maxbits, out);
+                         maxbits, dims, out);
   nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
   size_t shape[1] = {n};
   if (f64) return nb::cast(nb::ndarray<nb::numpy, double, nb::ndim<1>>(out, 1, shape, owner));
@@ -94,11 +96,15 @@ NB_MODULE(_jaxhc_cpu, m) {
       "Threads each codec call may use: JAXHC_THREADS, else the CPUs of the process's affinity "
       "mask (read once, at the first call).");
   m.def("zfp_payload_bytes", &jaxhc::zfp::payload_bytes, nb::arg("n"), nb::arg("maxbits"),
-        "Bytes of a fixed-rate 1-D ZFP stream of n values (64-bit words, as zfpy writes it).");
-  m.def("zfp_encode", &zfp_encode, nb::arg("x"), nb::arg("maxbits"),
-        "Encode a 1-D float32/float64 numpy array on the host: (stream bytes, all finite).");
+        nb::arg("dims"),
+        "Bytes of a fixed-rate ZFP stream of n values in blocks of 4^dims (64-bit words, as "
+        "zfpy writes it).");
+  m.def("zfp_encode", &zfp_encode, nb::arg("x"), nb::arg("maxbits"), nb::arg("dims"),
+        "Encode a 1-D float32/float64 numpy array on the host in blocks of 4^dims values: "
+        "(stream bytes, all finite).");
   m.def("zfp_decode", &zfp_decode, nb::arg("stream"), nb::arg("n"), nb::arg("f64"),
-        nb::arg("maxbits"), "Decode n values of a host stream written by zfp_encode.");
+        nb::arg("maxbits"), nb::arg("dims"),
+        "Decode n values of a host stream written by zfp_encode.");
   m.def(
       "zfp_kernels",
       []() {

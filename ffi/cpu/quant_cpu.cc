@@ -41,17 +41,20 @@ ffi::Error kernel(const char* op, Kernel* k) {
 }
 
 ffi::Error QuantEncode(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
-                       ffi::Result<ffi::AnyBuffer> ok, int64_t bits, int64_t block) {
+                       ffi::Result<ffi::AnyBuffer> ok, int64_t bits, int64_t block,
+                       int64_t stochastic, int64_t seed) {
   const char* op = "jaxhc_quant_encode";
   Elem e;
   if (!elem_of(x.element_type(), &e)) return invalid(op, kTypes);
   Rows r;
-  std::string err = jaxhc::quant::check_encode_args(x, *payload, *ok, bits, block, &r);
+  jaxhc::quant::Rounding rnd;
+  std::string err = jaxhc::quant::check_rounding(stochastic, seed, &rnd);
+  if (err.empty()) err = jaxhc::quant::check_encode_args(x, *payload, *ok, bits, block, &r);
   if (!err.empty()) return invalid(op, err);
   Kernel k;
   if (ffi::Error ke = kernel(op, &k); ke.failure()) return ke;
   jaxhc::quant::encode_rows(k, x.untyped_data(), e, r.rows, r.n, static_cast<int>(bits),
-                            static_cast<uint64_t>(block),
+                            static_cast<uint64_t>(block), rnd,
                             static_cast<uint8_t*>(payload->untyped_data()),
                             static_cast<bool*>(ok->untyped_data()));
   return ffi::Error::Success();
@@ -91,7 +94,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantEncodeCpu, QuantEncode,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block"));
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("stochastic")
+                                  .Attr<int64_t>("seed"));
 
 namespace {
 

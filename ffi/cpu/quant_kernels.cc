@@ -1,6 +1,7 @@
 // The CPU block-quantization kernels (cpu/quant_kernels.h): the arithmetic of core/quant.h, one
 // block at a time, vectorized with AVX2 + F16C (picked at run time; bfloat16/float16 widened and
-// narrowed in the vectors) and a scalar tail that rounds the same way. Blocks are independent,
+// narrowed in the vectors) and a scalar tail that rounds the same way (stochastic rounding: the
+// scalar code only). Blocks are independent,
 // so rows split over threads at block bounds give the same bytes for any thread count. Compiled
 // with -ffp-contract=off: every product is rounded before it is added, as the unfused
 // decode-then-sum does.
@@ -171,8 +172,10 @@ bool avx2_supported() {
 
 // --- one block (values [0, m) of x, codes of the block at `codes`), any element type ---------
 
+// `first`: the index of the block's first value in its row (stochastic rounding's draws).
 template <typename T>
-bool encode_block(Kernel k, const T* x, uint64_t m, int bits, float* scale, uint8_t* codes) {
+bool encode_block(Kernel k, const T* x, uint64_t m, int bits, Rounding rnd, uint64_t first,
+                  float* scale, uint8_t* codes) {
   uint32_t a = 0;
   uint64_t i = 0;
 #if defined(__x86_64__)
@@ -187,9 +190,15 @@ bool encode_block(Kernel k, const T* x, uint64_t m, int bits, float* scale, uint
   }
   i = 0;
 #if defined(__x86_64__)
-  if (k == Kernel::kAvx2) i = encode_avx2(x, m, s.inv, bits, codes);
+  if (k == Kernel::kAvx2 && !rnd.stochastic) i = encode_avx2(x, m, s.inv, bits, codes);
 #endif
-  auto q = [&](uint64_t j) { return j < m ? quantize(E<T>::widen(x[j]), s.inv) : 0; };
+  const int qm = qmax(bits);
+  auto q = [&](uint64_t j) {
+    if (j >= m) return 0;
+    const float v = E<T>::widen(x[j]);
+    if (!rnd.stochastic) return quantize(v, s.inv);
+    return quantize_sr(v, s.inv, qm, sr_draw(rnd.seed, first + j, bits_of(v)));
+  };
   const uint64_t step = bits == 8 ? 1 : 2;
   for (; i < m; i += step) codes[i * bits / 8] = code_byte(q(i), q(i + 1), bits);
   return true;
@@ -241,16 +250,16 @@ void for_blocks(uint64_t rows, const Row& r, Fn&& fn) {
 constexpr size_t kBuf = 4096;  // float32 sums per stack buffer
 
 template <typename T>
-void encode_rows_t(Kernel k, const T* x, uint64_t rows, const Row& r, uint8_t* payload,
-                   bool* ok) {
+void encode_rows_t(Kernel k, const T* x, uint64_t rows, const Row& r, Rounding rnd,
+                   uint8_t* payload, bool* ok) {
   prefer_huge_pages(payload, rows * r.bytes);
   for (uint64_t i = 0; i < rows; i++) ok[i] = true;
   for_blocks(rows, r, [&](uint64_t row, uint64_t kb) {
     uint8_t* p = payload + row * r.bytes;
     uint8_t* codes = r.codes(p);
     float* scales = reinterpret_cast<float*>(p);
-    if (!encode_block(k, x + row * r.n + kb * r.block, r.size(kb), r.bits, scales + kb,
-                      codes + r.code_offset(kb)))
+    if (!encode_block(k, x + row * r.n + kb * r.block, r.size(kb), r.bits, rnd, kb * r.block,
+                      scales + kb, codes + r.code_offset(kb)))
       __atomic_store_n(&ok[row], false, __ATOMIC_RELAXED);
     if (kb + 1 == r.blocks) {
       uint64_t used = 4 * r.blocks + code_bytes(r.n, r.bits);
@@ -319,11 +328,11 @@ Kernel active_kernel() {
 }
 
 void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, int bits,
-                 uint64_t block, uint8_t* payload, bool* ok) {
+                 uint64_t block, Rounding rnd, uint8_t* payload, bool* ok) {
   const Row r(n, bits, block);
   with_elem(type, [&](auto t) {
     using T = decltype(t);
-    encode_rows_t(k, static_cast<const T*>(x), rows, r, payload, ok);
+    encode_rows_t(k, static_cast<const T*>(x), rows, r, rnd, payload, ok);
   });
 }
 

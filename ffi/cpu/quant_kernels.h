@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/quant.h"
+
 namespace jaxhc {
 namespace quant {
 
@@ -17,9 +19,9 @@ bool kernel_supported(Kernel k);
 // Throws std::invalid_argument (one line naming the value) for a name this CPU cannot run.
 Kernel active_kernel();
 
-// ok gets one flag per row: every value finite.
+// ok gets one flag per row: every value finite. rnd: round to nearest even, or stochastically.
 void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, int bits,
-                 uint64_t block, uint8_t* payload, bool* ok);
+                 uint64_t block, Rounding rnd, uint8_t* payload, bool* ok);
 // `parts` consecutive payloads per row, decoded to `type` and added in order 0..parts-1 in
 // float32 (the calling thread's floating-point mode), then rounded to `type`; parts = 1: decode.
 void decode_sum_rows(Kernel k, const uint8_t* payload, int parts, Elem type, uint64_t rows,

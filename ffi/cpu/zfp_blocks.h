@@ -11,6 +11,7 @@
 #include "core/floats.h"
 #include "core/zfp.h"
 #include "core/zfp_lanes.h"
+#include "core/zfp_nd.h"
 #include "cpu/zfp_kernels.h"
 
 namespace jaxhc {
@@ -71,21 +72,21 @@ using Io = Elems<T_<E>>;
 template <Elem E>
 using Coded_ = typename Io<E>::Coded;
 
-// --- one block at a time -----------------------------------------------------------------------
+// --- one block at a time (a block of 4^D values: core/zfp.h in 1-D, core/zfp_nd.h in 2-D/3-D) --
 
-template <class Bits, Elem E, class Sink>
+template <class Bits, Elem E, int D = 1, class Sink>
 inline bool encode_one(const T_<E>* x, uint64_t n, uint64_t b, int maxbits, Sink& out) {
-  Coded_<E> v[4];
-  load_block(x, n, b, v);
-  return encode_block<Bits>(v, maxbits, out);
+  Coded_<E> v[block_values(D)];
+  load_block_d<D>(x, n, b, v);
+  return encode_block_d<D, Bits>(v, maxbits, out);
 }
 
-template <class Bits, Elem E>
+template <class Bits, Elem E, int D = 1>
 inline void decode_one(const uint64_t* row, uint64_t nwords, uint64_t b, int maxbits,
                        Coded_<E>* v) {
-  uint64_t in[Format<Coded_<E>>::kWords];
+  uint64_t in[kBlockWords<D, Coded_<E>>];
   load_block_bits(row, nwords, b, maxbits, in);
-  decode_block<Bits>(in, maxbits, v);
+  decode_block_d<D, Bits>(in, maxbits, v);
 }
 
 // Block b's values, rounded to E (and back to the coded type) as decode_sum adds them.
@@ -94,38 +95,40 @@ inline Coded_<E> rounded(Coded_<E> v) {
   return Io<E>::widen(Io<E>::narrow(v));
 }
 
-template <class Bits, Elem E>
+template <class Bits, Elem E, int D = 1>
 bool encode_scalar(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
                    uint64_t* words) {
   WordWriter out(words);
   bool ok = true;
-  for (uint64_t b = b0; b < b1; b++) ok &= encode_one<Bits, E>(x, n, b, maxbits, out);
+  for (uint64_t b = b0; b < b1; b++) ok &= encode_one<Bits, E, D>(x, n, b, maxbits, out);
   out.flush();  // only the row's last range ends inside a word
   return ok;
 }
 
-template <class Bits, Elem E>
+template <class Bits, Elem E, int D = 1>
 void decode_scalar(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
                    int maxbits, T_<E>* x) {
+  constexpr int S = block_values(D);
   for (uint64_t b = b0; b < b1; b++) {
-    Coded_<E> v[4];
-    decode_one<Bits, E>(row, nwords, b, maxbits, v);
-    for (uint64_t i = 0; i < 4 && 4 * b + i < n; i++) x[4 * b + i] = Io<E>::narrow(v[i]);
+    Coded_<E> v[S];
+    decode_one<Bits, E, D>(row, nwords, b, maxbits, v);
+    for (uint64_t i = 0; i < S && S * b + i < n; i++) x[S * b + i] = Io<E>::narrow(v[i]);
   }
 }
 
-template <class Bits, Elem E>
+template <class Bits, Elem E, int D = 1>
 void decode_sum_scalar(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
                        uint64_t b0, uint64_t b1, int maxbits, T_<E>* x) {
+  constexpr int S = block_values(D);
   for (uint64_t b = b0; b < b1; b++) {
-    Coded_<E> acc[4], v[4];
-    decode_one<Bits, E>(rows[0], nwords, b, maxbits, acc);
-    for (int i = 0; i < 4; i++) acc[i] = rounded<E>(acc[i]);
+    Coded_<E> acc[S], v[S];
+    decode_one<Bits, E, D>(rows[0], nwords, b, maxbits, acc);
+    for (int i = 0; i < S; i++) acc[i] = rounded<E>(acc[i]);
     for (int p = 1; p < parts; p++) {
-      decode_one<Bits, E>(rows[p], nwords, b, maxbits, v);
-      for (int i = 0; i < 4; i++) acc[i] += rounded<E>(v[i]);
+      decode_one<Bits, E, D>(rows[p], nwords, b, maxbits, v);
+      for (int i = 0; i < S; i++) acc[i] += rounded<E>(v[i]);
     }
-    for (uint64_t i = 0; i < 4 && 4 * b + i < n; i++) x[4 * b + i] = Io<E>::narrow(acc[i]);
+    for (uint64_t i = 0; i < S && S * b + i < n; i++) x[S * b + i] = Io<E>::narrow(acc[i]);
   }
 }
 

@@ -49,54 +49,56 @@ ffi::Error kernel(const char* op, Kernel* k) {
 }
 
 ffi::Error ZfpEncode(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
-                     ffi::Result<ffi::AnyBuffer> finite, int64_t maxbits) {
+                     ffi::Result<ffi::AnyBuffer> finite, int64_t maxbits, int64_t dims) {
   const char* op = "jaxhc_zfp_encode";
   Elem e;
   if (!elem_of(x.element_type(), &e)) return invalid(op, kTypes);
   Rows r;
   std::string err = check(e, [&](auto s) {
-    return jaxhc::zfp::check_encode_args<decltype(s)>(x, *payload, *finite, maxbits, &r);
+    return jaxhc::zfp::check_encode_args<decltype(s)>(x, *payload, *finite, maxbits, dims, &r);
   });
   if (!err.empty()) return invalid(op, err);
   Kernel k;
   if (ffi::Error ke = kernel(op, &k); ke.failure()) return ke;
   jaxhc::zfp::encode_rows(k, x.untyped_data(), e, r.rows, r.n, static_cast<int>(maxbits),
-                          static_cast<uint64_t*>(payload->untyped_data()),
+                          static_cast<int>(dims), static_cast<uint64_t*>(payload->untyped_data()),
                           static_cast<bool*>(finite->untyped_data()));
   return ffi::Error::Success();
 }
 
-ffi::Error ZfpDecode(ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x, int64_t maxbits) {
+ffi::Error ZfpDecode(ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x, int64_t maxbits,
+                     int64_t dims) {
   const char* op = "jaxhc_zfp_decode";
   Elem e;
   if (!elem_of(x->element_type(), &e)) return invalid(op, kTypes);
   Rows r;
   std::string err = check(e, [&](auto s) {
-    return jaxhc::zfp::check_decode_args<decltype(s)>(payload, *x, maxbits, &r);
+    return jaxhc::zfp::check_decode_args<decltype(s)>(payload, *x, maxbits, dims, &r);
   });
   if (!err.empty()) return invalid(op, err);
   Kernel k;
   if (ffi::Error ke = kernel(op, &k); ke.failure()) return ke;
   jaxhc::zfp::decode_rows(k, static_cast<const uint64_t*>(payload.untyped_data()), e, r.rows, r.n,
-                          static_cast<int>(maxbits), x->untyped_data());
+                          static_cast<int>(maxbits), static_cast<int>(dims), x->untyped_data());
   return ffi::Error::Success();
 }
 
-ffi::Error ZfpDecodeSum(ffi::AnyBuffer payloads, ffi::Result<ffi::AnyBuffer> x, int64_t maxbits) {
+ffi::Error ZfpDecodeSum(ffi::AnyBuffer payloads, ffi::Result<ffi::AnyBuffer> x, int64_t maxbits,
+                        int64_t dims) {
   const char* op = "jaxhc_zfp_decode_sum";
   Elem e;
   if (!elem_of(x->element_type(), &e)) return invalid(op, kTypes);
   Rows r;
   uint64_t parts = 0;
   std::string err = check(e, [&](auto s) {
-    return jaxhc::zfp::check_decode_sum_args<decltype(s)>(payloads, *x, maxbits, &r, &parts);
+    return jaxhc::zfp::check_decode_sum_args<decltype(s)>(payloads, *x, maxbits, dims, &r, &parts);
   });
   if (!err.empty()) return invalid(op, err);
   Kernel k;
   if (ffi::Error ke = kernel(op, &k); ke.failure()) return ke;
   jaxhc::zfp::decode_sum_rows(k, static_cast<const uint64_t*>(payloads.untyped_data()),
                               static_cast<int>(parts), e, r.rows, r.n, static_cast<int>(maxbits),
-                              x->untyped_data());
+                              static_cast<int>(dims), x->untyped_data());
   return ffi::Error::Success();
 }
 
@@ -107,16 +109,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcZfpEncodeCpu, ZfpEncode,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("maxbits"));
+                                  .Attr<int64_t>("maxbits")
+                                  .Attr<int64_t>("dims"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcZfpDecodeCpu, ZfpDecode,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("maxbits"));
+                                  .Attr<int64_t>("maxbits")
+                                  .Attr<int64_t>("dims"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcZfpDecodeSumCpu, ZfpDecodeSum,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("maxbits"));
+                                  .Attr<int64_t>("maxbits")
+                                  .Attr<int64_t>("dims"));

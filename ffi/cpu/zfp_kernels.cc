@@ -79,6 +79,12 @@ JAXHC_ZFP_LOOPS(Avx512, int W JAXHC_COMMA Elem E, JAXHC_AVX512, encode_lanes, de
                 decode_sum_lanes,
                 lanes::Pair<x86::Avx512> JAXHC_COMMA Bmi2Bits JAXHC_COMMA W JAXHC_COMMA E)
 #endif
+JAXHC_ZFP_LOOPS(Nd, int D JAXHC_COMMA Elem E, , encode_scalar, decode_scalar, decode_sum_scalar,
+                PortableBits JAXHC_COMMA E JAXHC_COMMA D)
+#if defined(__x86_64__)
+JAXHC_ZFP_LOOPS(NdAvx2, int D JAXHC_COMMA Elem E, JAXHC_AVX2, encode_scalar, decode_scalar,
+                decode_sum_scalar, PortableBits JAXHC_COMMA E JAXHC_COMMA D)
+#endif
 // clang-format on
 
 template <template <int, Elem> class Lanes, Elem E>
@@ -101,19 +107,35 @@ Loops loops_for(Kernel k, int maxbits) {
   return Portable<E>::loops();
 }
 
-Loops loops(Kernel k, Elem type, int maxbits) {
+// The 2-D/3-D block coder (scalar; the compiler vectorizes its loops under AVX2).
+template <int D, Elem E>
+Loops nd_loops(Kernel k) {
+#if defined(__x86_64__)
+  if (k == Kernel::kAvx512 || k == Kernel::kAvx2) return NdAvx2<D, E>::loops();
+#endif
+  (void)k;
+  return Nd<D, E>::loops();
+}
+
+template <Elem E>
+Loops loops_dims(Kernel k, int maxbits, int dims) {
+  if (dims == 2) return nd_loops<2, E>(k);
+  if (dims == 3) return nd_loops<3, E>(k);
+  return loops_for<E>(k, maxbits);
+}
+
+Loops loops(Kernel k, Elem type, int maxbits, int dims) {
   switch (type) {
-    case Elem::kF32: return loops_for<Elem::kF32>(k, maxbits);
-    case Elem::kF64: return loops_for<Elem::kF64>(k, maxbits);
-    case Elem::kBF16: return loops_for<Elem::kBF16>(k, maxbits);
-    default: return loops_for<Elem::kF16>(k, maxbits);
+    case Elem::kF32: return loops_dims<Elem::kF32>(k, maxbits, dims);
+    case Elem::kF64: return loops_dims<Elem::kF64>(k, maxbits, dims);
+    case Elem::kBF16: return loops_dims<Elem::kBF16>(k, maxbits, dims);
+    default: return loops_dims<Elem::kF16>(k, maxbits, dims);
   }
 }
 
 size_t elem_bytes(Elem type) { return type == Elem::kF64 ? 8 : type == Elem::kF32 ? 4 : 2; }
 
-constexpr uint64_t kGrainBlocks =
-    16384;  // blocks per thread at least (thread start-up ~ tens of us)
+constexpr uint64_t kGrainValues = 65536;  // values per thread at least (start-up ~ tens of us)
 
 uint64_t group_blocks(int maxbits) {
   uint64_t g = 64;
@@ -125,8 +147,9 @@ uint64_t group_blocks(int maxbits) {
 // one thread per core, each taking the next chunk of groups until none is left, so a thread the
 // OS runs less (a busy machine) simply takes fewer chunks.
 template <typename Fn>
-void parallel_blocks(uint64_t rows, uint64_t n, int maxbits, Fn&& fn) {
-  const uint64_t group = group_blocks(maxbits), blocks = (n + 3) / 4;
+void parallel_blocks(uint64_t rows, uint64_t n, int maxbits, int dims, Fn&& fn) {
+  const uint64_t s = static_cast<uint64_t>(block_values(dims));
+  const uint64_t group = group_blocks(maxbits), blocks = (n + s - 1) / s;
   const uint64_t groups = (blocks + group - 1) / group, total = rows * groups;
   auto run = [&](uint64_t g0, uint64_t g1) {
     while (g0 < g1) {
@@ -135,7 +158,7 @@ void parallel_blocks(uint64_t rows, uint64_t n, int maxbits, Fn&& fn) {
       g0 += gb - ga;
     }
   };
-  const uint64_t grain = std::max<uint64_t>(1, kGrainBlocks / group);
+  const uint64_t grain = std::max<uint64_t>(1, kGrainValues / s / group);
   const uint64_t threads = std::min<uint64_t>(host_threads(), total / grain);
   if (threads <= 1) return run(0, total);
   const uint64_t chunk = std::max(grain, total / (8 * threads));
@@ -226,29 +249,30 @@ Kernel active_kernel() {
                               " is not one of auto, avx512, avx2, bmi2, portable");
 }
 
-bool encode_blocks(Kernel k, const void* x, Elem type, uint64_t n, int maxbits, uint64_t b0,
-                   uint64_t b1, uint64_t* payload) {
-  return loops(k, type, maxbits).encode(x, n, b0, b1, maxbits, payload + b0 * maxbits / 64);
+bool encode_blocks(Kernel k, const void* x, Elem type, uint64_t n, int maxbits, int dims,
+                   uint64_t b0, uint64_t b1, uint64_t* payload) {
+  return loops(k, type, maxbits, dims).encode(x, n, b0, b1, maxbits, payload + b0 * maxbits / 64);
 }
 
-void decode_blocks(Kernel k, const uint64_t* payload, Elem type, uint64_t n, int maxbits,
+void decode_blocks(Kernel k, const uint64_t* payload, Elem type, uint64_t n, int maxbits, int dims,
                    uint64_t b0, uint64_t b1, void* x) {
-  loops(k, type, maxbits).decode(payload, payload_bytes(n, maxbits) / 8, n, b0, b1, maxbits, x);
+  loops(k, type, maxbits, dims)
+      .decode(payload, payload_bytes(n, maxbits, dims) / 8, n, b0, b1, maxbits, x);
 }
 
 void decode_sum_blocks(Kernel k, const uint64_t* const* payloads, int parts, Elem type, uint64_t n,
-                       int maxbits, uint64_t b0, uint64_t b1, void* x) {
-  loops(k, type, maxbits)
-      .decode_sum(payloads, parts, payload_bytes(n, maxbits) / 8, n, b0, b1, maxbits, x);
+                       int maxbits, int dims, uint64_t b0, uint64_t b1, void* x) {
+  loops(k, type, maxbits, dims)
+      .decode_sum(payloads, parts, payload_bytes(n, maxbits, dims) / 8, n, b0, b1, maxbits, x);
 }
 
 void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, int maxbits,
-                 uint64_t* payload, bool* finite) {
-  const Loops f = loops(k, type, maxbits);
-  const uint64_t words = payload_bytes(n, maxbits) / 8, row_bytes = n * elem_bytes(type);
+                 int dims, uint64_t* payload, bool* finite) {
+  const Loops f = loops(k, type, maxbits, dims);
+  const uint64_t words = payload_bytes(n, maxbits, dims) / 8, row_bytes = n * elem_bytes(type);
   prefer_huge_pages(payload, rows * words * 8);
   for (uint64_t r = 0; r < rows; r++) finite[r] = true;
-  parallel_blocks(rows, n, maxbits, [&](uint64_t r, uint64_t b0, uint64_t b1) {
+  parallel_blocks(rows, n, maxbits, dims, [&](uint64_t r, uint64_t b0, uint64_t b1) {
     const void* xr = static_cast<const char*>(x) + r * row_bytes;
     if (!f.encode(xr, n, b0, b1, maxbits, payload + r * words + b0 * maxbits / 64))
       __atomic_store_n(&finite[r], false, __ATOMIC_RELAXED);
@@ -256,11 +280,11 @@ void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, 
 }
 
 void decode_rows(Kernel k, const uint64_t* payload, Elem type, uint64_t rows, uint64_t n,
-                 int maxbits, void* x) {
-  const Loops f = loops(k, type, maxbits);
-  const uint64_t words = payload_bytes(n, maxbits) / 8, row_bytes = n * elem_bytes(type);
+                 int maxbits, int dims, void* x) {
+  const Loops f = loops(k, type, maxbits, dims);
+  const uint64_t words = payload_bytes(n, maxbits, dims) / 8, row_bytes = n * elem_bytes(type);
   prefer_huge_pages(x, rows * row_bytes);
-  parallel_blocks(rows, n, maxbits, [&](uint64_t r, uint64_t b0, uint64_t b1) {
+  parallel_blocks(rows, n, maxbits, dims, [&](uint64_t r, uint64_t b0, uint64_t b1) {
     f.decode(payload + r * words, words, n, b0, b1, maxbits, static_cast<char*>(x) + r * row_bytes);
   });
 }
@@ -268,11 +292,11 @@ void decode_rows(Kernel k, const uint64_t* payload, Elem type, uint64_t rows, ui
 namespace {
 // ptrs: parts payload pointers per row.
 void decode_sum_ptrs(Kernel k, const uint64_t* const* ptrs, int parts, Elem type, uint64_t rows,
-                     uint64_t n, int maxbits, void* x) {
-  const Loops f = loops(k, type, maxbits);
-  const uint64_t words = payload_bytes(n, maxbits) / 8, row_bytes = n * elem_bytes(type);
+                     uint64_t n, int maxbits, int dims, void* x) {
+  const Loops f = loops(k, type, maxbits, dims);
+  const uint64_t words = payload_bytes(n, maxbits, dims) / 8, row_bytes = n * elem_bytes(type);
   prefer_huge_pages(x, rows * row_bytes);
-  parallel_blocks(rows, n, maxbits, [&](uint64_t r, uint64_t b0, uint64_t b1) {
+  parallel_blocks(rows, n, maxbits, dims, [&](uint64_t r, uint64_t b0, uint64_t b1) {
     f.decode_sum(ptrs + r * parts, parts, words, n, b0, b1, maxbits,
                  static_cast<char*>(x) + r * row_bytes);
   });
@@ -280,26 +304,26 @@ void decode_sum_ptrs(Kernel k, const uint64_t* const* ptrs, int parts, Elem type
 }  // namespace
 
 void decode_sum_rows(Kernel k, const uint64_t* payload, int parts, Elem type, uint64_t rows,
-                     uint64_t n, int maxbits, void* x) {
-  const uint64_t words = payload_bytes(n, maxbits) / 8;
+                     uint64_t n, int maxbits, int dims, void* x) {
+  const uint64_t words = payload_bytes(n, maxbits, dims) / 8;
   std::vector<const uint64_t*> ptrs(rows * parts);
   for (uint64_t i = 0; i < ptrs.size(); i++) ptrs[i] = payload + i * words;
-  decode_sum_ptrs(k, ptrs.data(), parts, type, rows, n, maxbits, x);
+  decode_sum_ptrs(k, ptrs.data(), parts, type, rows, n, maxbits, dims, x);
 }
 
-bool encode_row(const void* x, Elem type, uint64_t n, int maxbits, uint64_t* payload) {
+bool encode_row(const void* x, Elem type, uint64_t n, int maxbits, int dims, uint64_t* payload) {
   bool finite;
-  encode_rows(active_kernel(), x, type, 1, n, maxbits, payload, &finite);
+  encode_rows(active_kernel(), x, type, 1, n, maxbits, dims, payload, &finite);
   return finite;
 }
 
-void decode_row(const uint64_t* payload, Elem type, uint64_t n, int maxbits, void* x) {
-  decode_rows(active_kernel(), payload, type, 1, n, maxbits, x);
+void decode_row(const uint64_t* payload, Elem type, uint64_t n, int maxbits, int dims, void* x) {
+  decode_rows(active_kernel(), payload, type, 1, n, maxbits, dims, x);
 }
 
 void decode_sum(const uint64_t* const* payloads, int parts, Elem type, uint64_t n, int maxbits,
-                void* x) {
-  decode_sum_ptrs(active_kernel(), payloads, parts, type, 1, n, maxbits, x);
+                int dims, void* x) {
+  decode_sum_ptrs(active_kernel(), payloads, parts, type, 1, n, maxbits, dims, x);
 }
 
 }  // namespace zfp

@@ -4,7 +4,7 @@
 //
 // Encode runs one warp per block: the lanes take the largest |x| bits of the block (a warp max),
 // lane 0 stores the scale, and the lanes write the code bytes (one or two values each); the warp
-// of a row's last block zeroes the padding. Decode and decode-and-sum run one thread per value;
+// of a row's last block zeroes the padding (stochastic rounding: the draws of core/quant.h). Decode and decode-and-sum run one thread per value;
 // decode-and-sum adds the P decoded values (each rounded to the output type first) in rank
 // order. Products use __fmul_rn, which is never contracted into an FMA.
 #include <cuda_runtime.h>
@@ -33,6 +33,7 @@ struct Layout {
   Rows r;
   uint64_t block, blocks;
   int bits;
+  q::Rounding rnd;
 };
 
 template <typename T>
@@ -60,8 +61,14 @@ __global__ void encode_kernel(const T* x, uint8_t* payload, bool* ok, Layout L) 
       int lo = 0, hi = 0;
       if (s.inv != 0.0f) {
         const uint64_t i = L.bits == 8 ? j : 2 * j;
-        lo = q::quantize(E::widen(xb[i]), s.inv);
-        if (L.bits == 4 && i + 1 < m) hi = q::quantize(E::widen(xb[i + 1]), s.inv);
+        auto code = [&](uint64_t v) {
+          const float f = E::widen(xb[v]);
+          if (!L.rnd.stochastic) return q::quantize(f, s.inv);
+          uint32_t draw = q::sr_draw(L.rnd.seed, first + v, jaxhc::bits_of(f));
+          return q::quantize_sr(f, s.inv, q::qmax(L.bits), draw);
+        };
+        lo = code(i);
+        if (L.bits == 4 && i + 1 < m) hi = code(i + 1);
       }
       codes[j] = q::code_byte(lo, hi, L.bits);
     }
@@ -97,22 +104,26 @@ __global__ void decode_sum_kernel(const uint8_t* payload, uint64_t parts, T* x, 
 
 constexpr const char* kTypes = "values must be float32, bfloat16 or float16";
 
-Layout layout(const Rows& r, int64_t bits, int64_t block) {
-  return Layout{r, static_cast<uint64_t>(block), q::blocks_of(r.n, block), static_cast<int>(bits)};
+Layout layout(const Rows& r, int64_t bits, int64_t block, q::Rounding rnd = {}) {
+  return Layout{r, static_cast<uint64_t>(block), q::blocks_of(r.n, block), static_cast<int>(bits),
+                rnd};
 }
 
 ffi::Error QuantEncode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
-                       ffi::Result<ffi::AnyBuffer> ok, int64_t bits, int64_t block) {
+                       ffi::Result<ffi::AnyBuffer> ok, int64_t bits, int64_t block,
+                       int64_t stochastic, int64_t seed) {
   const char* op = "jaxhc_quant_encode";
   ffi::Error result = ffi::Error::Success();
   bool known = jaxhc::cuda::with_elem<false>(x.element_type(), [&](auto t) {
     using T = decltype(t);
     Rows r;
-    std::string err = q::check_encode_args(x, *payload, *ok, bits, block, &r);
+    q::Rounding rnd;
+    std::string err = q::check_rounding(stochastic, seed, &rnd);
+    if (err.empty()) err = q::check_encode_args(x, *payload, *ok, bits, block, &r);
     if (!err.empty()) return void(result = invalid(op, err));
     if (cudaMemsetAsync(ok->untyped_data(), 1, r.rows, stream) != cudaSuccess)
       return void(result = launched(op));
-    const Layout L = layout(r, bits, block);
+    const Layout L = layout(r, bits, block, rnd);
     uint64_t items = 32 * r.rows * L.blocks;
     if (items)
       encode_kernel<T><<<grid_for(items), kThreads, 0, stream>>>(
@@ -161,7 +172,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantEncodeCuda, QuantEncode,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block"));
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("stochastic")
+                                  .Attr<int64_t>("seed"));
 
 namespace {
 

@@ -19,20 +19,20 @@ zfp::Elem zfp_elem(Elem e) {
 }  // namespace
 
 uint64_t ZfpSegments::capacity(uint64_t count) const {
-  return zfp::payload_bytes(count, static_cast<uint32_t>(maxbits_));
+  return zfp::payload_bytes(count, static_cast<uint32_t>(maxbits_), dims_);
 }
 
 SegmentCodec::Result ZfpSegments::encode(const void* src, Elem e, uint64_t count, uint8_t* out,
                                          uint64_t* bytes) {
   *bytes = capacity(count);
   bool finite =
-      zfp::encode_row(src, zfp_elem(e), count, maxbits_, reinterpret_cast<uint64_t*>(out));
+      zfp::encode_row(src, zfp_elem(e), count, maxbits_, dims_, reinterpret_cast<uint64_t*>(out));
   return finite ? kCoded : kFail;
 }
 
 bool ZfpSegments::decode(const uint8_t* in, uint64_t bytes, Elem e, uint64_t count, void* dst) {
   if (bytes != capacity(count)) return false;
-  zfp::decode_row(reinterpret_cast<const uint64_t*>(in), zfp_elem(e), count, maxbits_, dst);
+  zfp::decode_row(reinterpret_cast<const uint64_t*>(in), zfp_elem(e), count, maxbits_, dims_, dst);
   return true;
 }
 
@@ -44,7 +44,7 @@ bool ZfpSegments::decode_sum(const uint8_t* const* in, const uint64_t* bytes, co
     payloads[p] = reinterpret_cast<const uint64_t*>(in[p]);
   }
   FlushDenormals ftz;  // the kernel adds in the calling thread's mode, as XLA:CPU would
-  zfp::decode_sum(payloads.data(), parts, zfp_elem(e), count, maxbits_, dst);
+  zfp::decode_sum(payloads.data(), parts, zfp_elem(e), count, maxbits_, dims_, dst);
   return true;
 }
 

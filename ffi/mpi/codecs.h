@@ -8,12 +8,14 @@
 namespace jaxhc {
 namespace mpi {
 
-// Fixed-rate ZFP: the same stream as the jaxhc_zfp_encode handler, one segment at a time (the
-// CPU module's kernels, cpu/zfp_kernels.h). bfloat16 rows are coded as float32.
+// Fixed-rate ZFP in blocks of 4^dims values: the same stream as the jaxhc_zfp_encode handler,
+// one segment at a time (the CPU module's kernels, cpu/zfp_kernels.h). bfloat16 rows are coded
+// as float32. Segments start on whole blocks, so they code as the row does.
 class ZfpSegments final : public SegmentCodec {
  public:
-  explicit ZfpSegments(int maxbits) : maxbits_(maxbits) {}
-  uint64_t align() const override { return 256; }  // 64 blocks: whole 64-bit words at any rate
+  ZfpSegments(int maxbits, int dims) : maxbits_(maxbits), dims_(dims) {}
+  // 64 blocks: whole 64-bit words at any rate
+  uint64_t align() const override { return 64u << (2 * dims_); }
   uint64_t capacity(uint64_t count) const override;
   bool may_send_raw() const override { return false; }
   Result encode(const void* src, Elem e, uint64_t count, uint8_t* out, uint64_t* bytes) override;
@@ -22,7 +24,7 @@ class ZfpSegments final : public SegmentCodec {
                   Elem e, uint64_t count, void* dst) override;
 
  private:
-  int maxbits_;
+  int maxbits_, dims_;
 };
 
 // MPC, lossless: a segment travels coded when it fits `budget` x its raw bytes (and is smaller

@@ -5,7 +5,8 @@
 //   jaxhc_mpi_psum_scatter  x [P * per], token        -> y [per], stats, token
 //   jaxhc_mpi_all_gather    x [k], token              -> y [P * k], stats, token
 //   attrs: comm (the MPI_Comm handle, as mpi4py's _handleof gives it), codec (0 plain, 1 zfp,
-//          2 mpc), maxbits (zfp), dim and budget (mpc; budget <= 0: none), segment_bytes
+//          2 mpc), maxbits (zfp), dim (zfp: its block dims 1..3; mpc: its dimension), budget
+//          (mpc; <= 0: none), segment_bytes
 //   stats: S32 [3] = the bytes this rank sent, as its low 31 bits and the rest, and 1 if the
 //          call fell back (see engine.h).
 #include <nanobind/nanobind.h>
@@ -62,8 +63,11 @@ ffi::Error Run(const char* op, Fn fn, ffi::AnyBuffer x, ffi::AnyBuffer y,
   if (stats.element_count() != 3)
     return ffi::Error::InvalidArgument(std::string(op) + ": stats must hold 3 int32");
   std::unique_ptr<SegmentCodec> c;
+  if (a.codec == kZfp && (a.dim < 1 || a.dim > 3))
+    return ffi::Error::InvalidArgument(std::string(op) + ": zfp dims " + std::to_string(a.dim) +
+                                       " is not 1, 2 or 3");
   if (a.codec == kZfp)
-    c = std::make_unique<ZfpSegments>(static_cast<int>(a.maxbits));
+    c = std::make_unique<ZfpSegments>(static_cast<int>(a.maxbits), static_cast<int>(a.dim));
   else if (a.codec == kMpc)
     c = std::make_unique<MpcSegments>(static_cast<int>(a.dim), a.budget);
   else if (a.codec != kPlain)

@@ -27,6 +27,10 @@ class FixedSizeCodec(Codec):
     def ffi_attrs(self, dtype) -> dict:
         """The FFI call's attributes for values of `dtype` (checks the dtype)."""
 
+    def encode_attrs(self, dtype) -> dict:
+        """The encode call's attributes: `ffi_attrs` unless the encoder takes more."""
+        return self.ffi_attrs(dtype)
+
     def encode(self, x: jax.Array) -> Encoded:
         flat = x.reshape(-1)
         n = flat.shape[0]
@@ -37,7 +41,7 @@ class FixedSizeCodec(Codec):
             f"jaxhc_{self.kernel}_encode",
             (jax.ShapeDtypeStruct((size,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.bool_)),
             vmap_method="broadcast_all",
-        )(flat, **self.ffi_attrs(x.dtype))
+        )(flat, **self.encode_attrs(x.dtype))
         return like(Encoded(payload, ok, jnp.asarray(size, jnp.int32)), x)
 
     def decode(self, payload: jax.Array, shape, dtype) -> jax.Array:

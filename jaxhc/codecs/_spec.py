@@ -1,5 +1,5 @@
-"""Codec spec strings: "none", "zfp:8", "zfp:12.5", "mpc", "mpc:0.8", "mpc:0.8:dim=2", "q8",
-"q4", "q8:b128"."""
+"""Codec spec strings: "none", "zfp:8", "zfp:12.5", "zfp:8:d3", "mpc", "mpc:0.8", "mpc:0.8:dim=2",
+"q8", "q4", "q8:b128", "q8:sr", "q4:b128:sr7"."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ def parse(spec: CodecLike) -> Codec | None:
     """Turn a spec string into a codec; a Codec passes through, None stays None (plain lax).
 
     >>> from jaxhc.codecs import parse
-    >>> parse("zfp:8"), parse("mpc:0.8"), parse("none"), parse("q8:b128")
-    (Zfp(rate=8.0), Mpc(dim=1, budget=0.8), Identity(), Quant(bits=8, block=128))
+    >>> parse("zfp:8"), parse("zfp:8:d3"), parse("mpc:0.8")
+    (Zfp(rate=8.0, dims=1), Zfp(rate=8.0, dims=3), Mpc(dim=1, budget=0.8))
+    >>> parse("none"), parse("q8:b128:sr")
+    (Identity(), Quant(bits=8, block=128, stochastic=True, seed=0))
     """
     if spec is None or isinstance(spec, Codec):
         return spec
@@ -29,8 +31,13 @@ def parse(spec: CodecLike) -> Codec | None:
     try:
         if name in ("none", "identity", "raw") and not args:
             return Identity()
-        if name == "zfp" and len(args) == 1:
-            return Zfp(rate=float(args[0]))
+        if name == "zfp" and len(args) in (1, 2):
+            dims = 1
+            if len(args) == 2:
+                if args[1] not in ("d1", "d2", "d3"):
+                    raise ValueError(f"{args[1]!r} is not a block layout d1, d2 or d3")
+                dims = int(args[1][1])
+            return Zfp(rate=float(args[0]), dims=dims)
         if name == "mpc" and len(args) <= 2:
             budget, dim = None, 1
             for a in args:
@@ -44,6 +51,6 @@ def parse(spec: CodecLike) -> Codec | None:
     except ValueError as e:
         raise ValueError(f"bad codec spec {spec!r}: {e}") from None
     raise ValueError(
-        f"bad codec spec {spec!r}: use 'none', 'zfp:<rate>', 'mpc[:<budget>][:dim=<d>]', "
-        "'q8[:b<block>]' or 'q4[:b<block>]'"
+        f"bad codec spec {spec!r}: use 'none', 'zfp:<rate>[:d2|:d3]', 'mpc[:<budget>][:dim=<d>]', "
+        "'q8[:b<block>][:sr[<seed>]]' or 'q4[...]'"
     )

@@ -14,7 +14,8 @@ from jaxhc.codecs import Codec, CodecLike, Identity, Mpc, parse
 from jaxhc.policy import Policy
 from jaxhc.transport import current as transport
 
-# Compressed chunks are padded to a multiple of ZFP's block so no chunk has a partial block.
+# Compressed chunks are padded to a multiple of ZFP's 1-D block so no chunk has a partial one (in
+# 2-D/3-D this is the row of its layout: the codec pads a partial 16- or 64-value block itself).
 ROW_MULTIPLE = 4
 
 
@@ -23,19 +24,22 @@ def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
 
     `codec` (a Codec, spec string, or None) and `policy` (a Policy, preset name or YAML path) are
     alternatives. Non-float dtypes and, under a policy, messages smaller than its ``min_bytes`` go
-    uncompressed.
+    uncompressed. A policy picks the codec for x's dtype, and a lossy one that would send no fewer
+    bits than x itself is a one-line error naming its key.
     """
     if policy is not None:
         if codec is not None:
             raise ValueError("pass either codec= or policy=, not both")
         policy = Policy.load(policy)
-        chosen, min_bytes = policy.codec_for(axis_name, kind), policy.min_bytes
+        chosen, min_bytes = policy.codec_for(axis_name, kind, x.dtype), policy.min_bytes
     else:
         chosen, min_bytes = parse(codec), 0
     if chosen is None or not chosen.supports(x.dtype):
         return None
     if x.size * jnp.dtype(x.dtype).itemsize < min_bytes:
         return None
+    if policy is not None:
+        policy.check_saving(axis_name, kind, x.dtype)
     return chosen
 
 

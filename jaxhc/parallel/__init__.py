@@ -2,7 +2,8 @@
 
 One module per concern: `pipeline` (the GPipe schedule), `layout` (where each parameter lives
 on the mesh, the flat ZeRO vector), `zero` (the ZeRO-1 AdamW update), `state` (the train state
-and its placement) and `step` (the per-shard programs and their jitted `shard_map`s). The model's
+and its placement), `fidelity` (the compressed gradient reduction against an exact one, sampled)
+and `step` (the per-shard programs and their jitted `shard_map`s). The model's
 tensor-parallel layers use Megatron's operators from `jaxhc.model.tensor_parallel`.
 
 The API a training loop calls::

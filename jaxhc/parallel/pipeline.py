@@ -11,12 +11,18 @@ micro-batch ``m = t - s`` (a bubble when m is outside [0, M)):
 At the start of each tick, the stages that finished a micro-batch at the previous tick send it to
 the next stage (`jaxhc.ppermute`, ``kind="act"``; the pairs are known per tick, so bubbles send
 nothing and each stage boundary carries exactly M messages per step). The first stage reads its
-next micro-batch instead, and every stage runs its layers (in bubbles, on values nobody uses).
-The backward schedule is `jax.grad` of this one, the cotangents going back through the conjugate
-(inverse) ppermutes.
+next micro-batch instead. A stage runs its layers only on the M ticks that hold a micro-batch: on
+a tick where some stage is in a bubble, the layers sit in a `lax.cond` on the stage index, so a
+bubble computes nothing and sends none of the layers' tensor-parallel sums. The predicate is the
+same on every rank of a "tensor" group (they share the pipe stage), which is what a collective
+inside a branch needs. The backward schedule is `jax.grad` of this one: the cotangents go back
+through the conjugate (inverse) ppermutes and the layers' backward runs in the same conds.
 
-The ticks are a Python loop, not `lax.scan`: each tick has its own static set of sending pairs,
-which is what keeps bubbles free of messages.
+Per step, each stage runs its layers (and their "tensor" sums) M times, not M + S - 1: at
+M = S = 2 the bubbles were a third of the tensor traffic.
+
+The ticks are a Python loop, not `lax.scan`: each tick has its own static set of sending pairs
+and of working stages, which is what keeps bubbles free of messages.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 import jaxhc
 
@@ -49,6 +56,16 @@ def gpipe(stage_fn: Callable[[jax.Array], jax.Array], x: jax.Array, policy) -> j
             received = jaxhc.ppermute(
                 out, AXIS, tuple((s, s + 1) for s in senders), policy=policy, kind="act"
             )
-        out = stage_fn(jnp.where(stage == 0, x[min(t, micro - 1)], received))
+        h = jnp.where(stage == 0, x[min(t, micro - 1)], received)
+        first, last = _working(t, micro, stages)
+        if first == 0 and last == stages - 1:  # no bubble at this tick
+            out = stage_fn(h)
+        else:  # a bubble passes its input through: its output is neither sent nor used
+            out = lax.cond((stage >= first) & (stage <= last), stage_fn, lambda h: h, h)
         outs.append(out)
     return jnp.stack(outs[stages - 1 :])
+
+
+def _working(tick: int, micro: int, stages: int) -> tuple[int, int]:
+    """The first and last stage holding a micro-batch at `tick` (stage s works on ``tick - s``)."""
+    return max(0, tick - micro + 1), min(tick, stages - 1)

@@ -12,6 +12,9 @@ functions. Every cross-device byte goes through jaxhc's collectives under the po
   parameters (``kind="param"``);
 * two plain scalar sums, also through jaxhc so the ledger counts them (kind "other"): the loss over
   ("data", "pipe") and the squared gradient norm over all axes.
+
+With ``fidelity_every`` > 0 a sampled step reduces the gradients a second time, exactly, outside
+the ledger (`jaxhc.parallel.fidelity`).
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ import jaxhc
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.model.tensor_parallel import TensorParallel
-from jaxhc.parallel import zero
+from jaxhc.parallel import fidelity, zero
 from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
 from jaxhc.policy import Policy
 
-METRIC_SPECS = {"loss": P(), "grad_norm": P(), "lr": P(), "skipped": P()}
+METRIC_SPECS = {k: P() for k in ("loss", "grad_norm", "lr", "skipped", *fidelity.METRICS)}
 
 
 def _policy(policy) -> Policy | None:
@@ -86,14 +89,25 @@ def _local_loss(params, tokens, cfg, mesh_cfg, policy):
     return _forward(params, inputs, cfg, mesh_cfg, policy, loss_sum)
 
 
-def _loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
-    """Global loss (every rank) and this rank's gradients, not yet summed over "data"."""
+def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
+    """Global loss (every rank) and this rank's gradients of its own copy of the parameters."""
     objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, policy=policy)
     local, grads = jax.value_and_grad(objective)(params, tokens)
-    if jaxhc.axis_size("pipe") > 1:  # every stage holds wte, wpe, ln_f: sum their gradients
-        shared = {k: grads[k] for k in ("wte", "wpe", "ln_f")}
-        grads = {**grads, **jaxhc.psum(shared, "pipe", policy=policy, kind="grad")}
     return zero.psum_scalar(local, ("data", "pipe")), grads
+
+
+def _sum_shared(grads, policy):
+    """Every stage holds wte, wpe and ln_f: their gradients summed over "pipe"."""
+    if jaxhc.axis_size("pipe") == 1:
+        return grads
+    shared = {k: grads[k] for k in ("wte", "wpe", "ln_f")}
+    return {**grads, **jaxhc.psum(shared, "pipe", policy=policy, kind="grad")}
+
+
+def _loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
+    """Global loss (every rank) and this rank's gradients, not yet summed over "data"."""
+    loss, grads = _local_loss_and_grads(params, tokens, cfg, mesh_cfg, policy)
+    return loss, _sum_shared(grads, policy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,31 +115,38 @@ def _loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
 
 
 def per_shard_train_step(
-    model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig, policy
+    model_cfg: GPTConfig,
+    mesh_cfg: MeshConfig,
+    optim_cfg: OptimConfig,
+    policy,
+    fidelity_every: int = 0,
 ):
     """``step(state, tokens) -> (state, metrics)`` as one rank runs it, on its blocks.
 
     `state` has the blocks of `train_state_specs`, `tokens` this rank's rows (split over "data").
     For a launcher that runs per-shard functions itself (one process per device); the batch is
-    not validated here (`validate(..., batch_size=)` it first).
+    not validated here (`validate(..., batch_size=)` it first). `fidelity_every`: see
+    `make_train_step`.
     """
     policy = _policy(policy)
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
 
+    def exact_chunk(local_grads):
+        return zero.reduce_gradients(_sum_shared(local_grads, None), plan.layout, None)
+
     def step(state: TrainState, tokens):
-        loss, grads = _loss_and_grads(state.params, tokens, model_cfg, mesh_cfg, policy)
+        params = state.params
+        loss, local = _local_loss_and_grads(params, tokens, model_cfg, mesh_cfg, policy)
+        grads = _sum_shared(local, policy)
+        before = _local_opt(state.opt_state)
+        g, opt_state = zero.reduce(grads, before, plan.layout, policy)
+        observed = fidelity.sample(state.step, fidelity_every, g, local, exact_chunk, plan.layout)
         params, opt_state, grad_norm, lr = zero.update(
-            state.params,
-            _local_opt(state.opt_state),
-            grads,
-            state.step,
-            plan.layout,
-            optim_cfg,
-            policy,
+            params, opt_state, g, state.step, plan.layout, optim_cfg, policy, before
         )
         new = TrainState(state.step + 1, params, _global_opt(opt_state))
         skipped = jnp.logical_not(jnp.isfinite(grad_norm))  # zero.update left the state as it was
-        return new, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": skipped}
+        return new, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": skipped, **observed}
 
     return step
 
@@ -146,7 +167,12 @@ def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy):
 
 
 def make_train_step(
-    model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg: OptimConfig, mesh: Mesh, policy
+    model_cfg: GPTConfig,
+    mesh_cfg: MeshConfig,
+    optim_cfg: OptimConfig,
+    mesh: Mesh,
+    policy,
+    fidelity_every: int = 0,
 ):
     """``step(state, tokens) -> (state, metrics)``, jitted; `state` is donated.
 
@@ -155,7 +181,10 @@ def make_train_step(
     placed split over "data".
     metrics: float32 scalars ``loss`` (mean next-token cross-entropy of the batch, before the
     update), ``grad_norm`` (before clipping), ``lr`` (the rate this step applied) and ``skipped``
-    (bool: the gradients were not finite on some rank, and the update was skipped on every rank).
+    (bool: the gradients were not finite on some rank, and the update was skipped on every rank);
+    with `fidelity_every` = k > 0, on steps divisible by k, ``grad_rel_err`` and ``grad_cos`` of
+    the compressed gradient reduction against an exact one (`jaxhc.parallel.fidelity`; NaN on
+    other steps and when k = 0).
     policy: a `jaxhc.Policy`, a preset name or YAML path, or None for plain `jax.lax` collectives.
     Traffic is recorded by jaxhc's collectives in any active `jaxhc.accounting.Ledger`.
 
@@ -164,7 +193,7 @@ def make_train_step(
     """
     check_mesh(mesh, mesh_cfg)
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, _policy(policy))
-    per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy)
+    per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy, fidelity_every)
     specs = plan.state_specs
     sharded = _map(per_shard, mesh, (specs, P("data")), (specs, METRIC_SPECS))
 

@@ -2,11 +2,11 @@
 
 Per rank, per step (inside shard_map):
 
-1. its local gradients, flattened (`FlatLayout`), are reduce-scattered over "data" with
+1. `reduce`: its local gradients, flattened (`FlatLayout`), are reduce-scattered over "data" with
    `jaxhc.psum_scatter(kind="grad")`: the rank receives the summed gradient of its chunk;
-2. the global gradient norm sums each chunk's squares over all ranks, counting a parameter that is
-   replicated over "tensor" or "pipe" once (on rank 0 of that axis), and clips like
-   `optax.clip_by_global_norm`;
+2. `update`: the global gradient norm sums each chunk's squares over all ranks, counting a
+   parameter that is replicated over "tensor" or "pipe" once (on rank 0 of that axis), and clips
+   like `optax.clip_by_global_norm`;
 3. optax AdamW updates the chunk (its moments and the exact "master" copy of its parameters live
    only on this rank), with per-element weight decay (matrices and embeddings only) and the
    warm-up + cosine learning rate;
@@ -97,19 +97,26 @@ def psum_scalar(x: jax.Array, axes) -> jax.Array:
     return jaxhc.psum(x, axes) if axes else x
 
 
-def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig, policy):
-    """One ZeRO-1 AdamW step: (new params, new opt_state, grad_norm, lr). Runs per shard.
+def reduce(grads, opt_state, layout: FlatLayout, policy):
+    """(this rank's chunk of the gradients summed over "data", opt_state). Runs per shard.
 
-    An ``opt_state["residual"]`` (error feedback) goes into the gradient reduction and comes back
-    updated. A step whose gradient norm is not finite (NaN/Inf on any rank reaches every rank's
-    norm, so all ranks agree) is skipped: parameters, moments, master copy and residual stay as
-    they were (the lossy codecs' agreed fallback kept the NaN off their encoders)."""
-    old = opt_state
+    An ``opt_state["residual"]`` (error feedback) goes into the reduction and comes back updated.
+    """
     residual = opt_state.get("residual")
     if residual is None:
-        g = reduce_gradients(grads, layout, policy)
-    else:
-        g, residual = reduce_gradients(grads, layout, policy, residual)
+        return reduce_gradients(grads, layout, policy), opt_state
+    g, residual = reduce_gradients(grads, layout, policy, residual)
+    return g, {**opt_state, "residual": residual}
+
+
+def update(params, opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, policy, before=None):
+    """One ZeRO-1 AdamW step on the reduced chunk `g` of `reduce`: (new params, new opt_state,
+    grad_norm, lr). Runs per shard.
+
+    A step whose gradient norm is not finite (NaN/Inf on any rank reaches every rank's norm, so all
+    ranks agree) is skipped: parameters, moments, master copy and residual stay as they were in
+    `before` (the opt_state given to `reduce`; default `opt_state`). The lossy codecs' agreed
+    fallback kept the NaN off their encoders."""
     norm = global_norm(g, layout)
     finite = jnp.isfinite(norm)
     if cfg.grad_clip > 0:  # the same expression as optax.clip_by_global_norm
@@ -122,11 +129,9 @@ def update(params, opt_state, grads, step, layout: FlatLayout, cfg: OptimConfig,
     decay = cfg.weight_decay * layout.per_element([*layout.decayed, False], start, layout.chunk)
     lr = lr_schedule(cfg)(step)
     updates, adam = adamw(cfg, lr, decay).update(g, opt_state["adam"], p)
-    opt_state = {"adam": adam, "master": optax.apply_updates(p, updates)}
-    if residual is not None:
-        opt_state["residual"] = residual
-    kept = {**old, "master": p}
-    opt_state = jax.tree.map(lambda new, was: jnp.where(finite, new, was), opt_state, kept)
+    kept = {**(opt_state if before is None else before), "master": p}
+    new = {**opt_state, "adam": adam, "master": optax.apply_updates(p, updates)}
+    opt_state = jax.tree.map(lambda n, w: jnp.where(finite, n, w), new, kept)
     p = opt_state["master"]
     if jaxhc.axis_size("data") > 1:
         p = jaxhc.all_gather(p, "data", tiled=True, policy=policy, kind="param")

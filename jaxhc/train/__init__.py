@@ -1,2 +1,2 @@
 """Training: the loop (`loop.train`, one process; `mpi.train_mpi`, one process per device),
-experiment configs, Orbax checkpoints and run reports. The `jaxhc` command line drives them."""
+experiment configs, sharded checkpoints and run reports. The `jaxhc` command line drives them."""

@@ -1,166 +1,416 @@
-"""Orbax checkpoints of the sharded train state: atomic, verified, never replacing a good one."""
+"""Sharded checkpoints: every process writes its own pieces of the canonical arrays, no gather.
+
+A checkpoint of step s is the directory ``<directory>/<s>``: one zarr array (tensorstore, file
+store, uncompressed) per canonical array of `jaxhc.parallel.canonical` (global shapes that no mesh
+enters) and ``meta.json`` (the format, the step, the writing mesh, every array's shape and dtype,
+the scalars). Each process writes the boxes its devices own (one device per box), so a process
+holds nothing beyond its own blocks; storage chunks never span two devices' blocks but for the
+flat optimizer vectors at ZeRO chunk boundaries, where tensorstore's file locking makes the
+read-modify-write of the shared chunk safe. Any mesh reads any checkpoint: a device reads the
+boxes of its own block.
+
+Atomic: everything is written into ``<directory>/.tmp-<s>``; after every process has written (a
+barrier), process 0 writes ``meta.json`` last and renames the directory to ``<s>``, so a
+half-written checkpoint is never listed (a process killed at any point of a save leaves the
+previous checkpoint the latest; the next save removes the debris).
+
+Verified: ``meta.json`` records the size and SHA-256 of every file of the step (each process
+hashes a share of them after the barrier) and a digest of itself. `restore` checks every file
+first (again shared among the processes): a truncated, altered, missing or extra file is refused
+in one line naming it and the newest intact step before it; nothing is deleted or overwritten, and
+resuming never falls back silently to an older step (the user decides).
+
+A state that holds NaN/Inf on any process is refused by all of them (nothing is written, the
+previous checkpoint stays). The directory must be one that every process sees (a shared file
+system): process 0 writes a token there first and every process checks that it reads it back,
+refusing in one line otherwise.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import shutil
+import socket
+import uuid
+from collections.abc import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
+import numpy as np
+import tensorstore as ts
 
-MANIFEST = "jaxhc.sha256.json"  # in each step's directory: {relative path: [bytes, sha256]}
+from jaxhc.launch import _blocks
+from jaxhc.parallel.canonical import Canonical, extract, insert
+from jaxhc.parallel.state import Plan
+
+FORMAT = "jaxhc-sharded-1"
+META = "meta.json"
+TOKEN = ".token"
+log = logging.getLogger(__name__)
+
+
+class Group:
+    """The processes that checkpoint together: here this process alone (`jaxhc.train.mpi` has
+    the MPI one). Every process calls the same methods in the same order."""
+
+    rank = 0
+    size = 1
+
+    def all_gather(self, value) -> list:
+        """Every process's `value`, in rank order, on every process."""
+        return [value]
+
+    def bcast(self, value):
+        """Process 0's `value`, on every process."""
+        return value
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether `flag` is true on every process."""
+        return flag
+
+    def first_error(self, error: str | None) -> str | None:
+        """The first process's error (naming it), on every process; None if there is none."""
+        return error
+
+
+class _Corrupt(ValueError):
+    """A checkpoint's meta.json that cannot be what was written."""
+
+
+def all_finite(tree) -> bool:
+    """Whether every floating-point leaf of `tree` is finite (checked where the leaves live)."""
+    checks = [
+        jnp.isfinite(leaf).all()
+        for leaf in jax.tree.leaves(tree)
+        if jnp.issubdtype(leaf.dtype, jnp.floating)
+    ]
+    return all(bool(c) for c in jax.device_get(checks))
 
 
 class Checkpoints:
-    """Saves the train state every K steps (and at the end) under `<out>/checkpoints/<step>`.
+    """Saves train states under ``<directory>/<step>`` and restores them onto any mesh.
 
-    A save is complete in two stages, and a process killed at any point leaves the previous
-    checkpoint the latest:
-
-    1. Orbax writes the step into a temporary directory and renames it into place only when it is
-       complete, so an interrupted write never appears as a step at all;
-    2. jaxhc then records the size and SHA-256 of every file of the step in `MANIFEST` (written to
-       a temporary file, synced and renamed). A step without it (killed between the two stages)
-       is not a checkpoint: `latest_step` skips it and the next save of that step replaces it.
-
-    `restore` checks every file against the manifest before Orbax reads it: a truncated or
-    altered file is refused with one line naming it (and the newest intact step, if any); nothing
-    is deleted or overwritten. Resuming from a corrupt checkpoint fails rather than silently
-    falling back: the user decides (deleting the corrupt step resumes from the one before).
-
-    A state with non-finite values is refused (the previous good checkpoint stays), and restore
-    checks shapes and dtypes against the expected state before anything is used.
+    Every process of a run makes one (with the same `group`) and calls `save` and `restore`
+    together; blocks are ``(coords, leaves)``: a device's mesh coordinates ({"data": d, "tensor":
+    t, "pipe": p}) and its block of the TrainState (`jax.tree.leaves` order, host arrays).
     """
 
-    def __init__(self, directory: str, keep: int = 3):
+    def __init__(self, directory: str, keep: int = 3, group: Group | None = None):
         self.directory = os.path.abspath(directory)
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-        )
+        self.keep = keep
+        self.group = group or Group()
+        self._context = ts.Context()
 
-    def save(self, step: int, state) -> bool:
-        """Save `state` as `step`; return False (and save nothing) if it holds NaN/Inf."""
-        checks = [
-            jnp.isfinite(leaf).all()
-            for leaf in jax.tree.leaves(state)
-            if jnp.issubdtype(leaf.dtype, jnp.floating)
-        ]
-        if not all(bool(c) for c in jax.device_get(checks)):
-            return False
-        if step in self._manager.all_steps():
-            if self._complete(step):
-                raise ValueError(f"checkpoint {self._path(step)} exists: it is not overwritten")
-            self._manager.delete(step)  # an earlier save of this step, killed before its manifest
-        self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        self._manager.wait_until_finished()
-        self._write_manifest(step)
-        return True
-
-    def latest_step(self) -> int | None:
-        """The newest complete step (one whose manifest was written), or None."""
-        return max(self.steps(), default=None)
+    # --- listing -------------------------------------------------------------------------------
 
     def steps(self) -> list[int]:
-        """The complete steps, oldest first."""
-        return sorted(s for s in self._manager.all_steps() if self._complete(s))
+        """The committed checkpoints' steps, oldest first."""
+        return sorted(
+            int(n)
+            for n in _listdir(self.directory)
+            if n.isdigit() and os.path.exists(os.path.join(self.directory, n, META))
+        )
 
-    def restore(self, like, step: int | None = None):
-        """Restore into the shapes, dtypes and shardings of `like` (a state or abstract state).
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
 
-        Every file is first checked against the step's manifest (ValueError naming the file).
-        Leaves of `like` without a sharding (host numpy arrays, as under the MPI transport) are
-        restored onto this process's default device, with the same shape checks.
+    # --- save ----------------------------------------------------------------------------------
+
+    def save(self, step: int, plan: Plan, blocks: Iterable, finite: bool = True) -> bool:
+        """Save this process's `blocks` of the state as `step`; every process passes whether its
+        blocks are finite (`all_finite`), and if any is not, nothing is saved and all return
+        False."""
+        group = self.group
+        if not group.all_true(finite):
+            return False
+        canon = Canonical(plan)
+        tmp = os.path.join(self.directory, f".tmp-{step}")
+        token, error = None, None
+        if group.rank == 0:
+            try:
+                token = self._prepare(tmp, canon)
+            except OSError as e:
+                error = f"cannot create {tmp}: {e}"
+        self._raise_if_any(step, error)
+        token = group.bcast(token)
+        scalars: dict = {}
+        try:
+            self._check_shared(tmp, token)
+            self._write(tmp, canon, blocks, scalars)
+        except (OSError, ValueError) as e:
+            error = str(e).splitlines()[0]
+        self._raise_if_any(step, error)
+        try:
+            hashed = _hash_share(tmp, group)
+        except OSError as e:
+            hashed, error = {}, f"cannot read back {tmp}: {e}"
+        self._raise_if_any(step, error)
+        files = {k: v for share in group.all_gather(hashed) for k, v in share.items()}
+        if group.rank == 0:
+            try:
+                self._commit(tmp, step, canon, scalars, files)
+            except (OSError, KeyError) as e:
+                error = f"cannot commit {tmp}: {e}"
+        self._raise_if_any(step, error)  # also the barrier after which the checkpoint is listed
+        return True
+
+    def _raise_if_any(self, step: int, error: str | None) -> None:
+        error = self.group.first_error(error)
+        if error:
+            raise OSError(f"checkpoint of step {step} in {self.directory} failed: {error}")
+
+    def _prepare(self, tmp: str, canon: Canonical) -> str:
+        """Process 0: an empty temporary directory with the (empty) arrays and a fresh token."""
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        token = uuid.uuid4().hex
+        with open(os.path.join(tmp, TOKEN), "w") as f:
+            f.write(token)
+        futures = []
+        for name, a in canon.arrays.items():
+            if a.shape:
+                metadata = {
+                    "shape": list(a.shape),
+                    "chunks": list(a.chunks),
+                    "dtype": a.dtype.str,
+                    "compressor": None,
+                }
+                spec = {"driver": "zarr", "kvstore": _kvstore(tmp, name), "metadata": metadata}
+                futures.append(ts.open(spec, create=True, context=self._context))
+        for f in futures:
+            f.result()
+        return token
+
+    def _check_shared(self, tmp: str, token: str) -> None:
+        try:
+            with open(os.path.join(tmp, TOKEN)) as f:
+                seen = f.read()
+        except OSError:
+            seen = None
+        if seen != token:
+            raise ValueError(
+                f"{self.directory} is not shared: {socket.gethostname()} does not see what "
+                "process 0 wrote there; checkpoints need a file system every process sees "
+                "(README: Checkpoints)"
+            )
+
+    def _write(self, tmp: str, canon: Canonical, blocks, scalars: dict) -> None:
+        """Write the owned pieces, one leaf at a time: a leaf is brought to the host (if it is
+        on a device) and its writes finish before the next leaf's start."""
+        stores: dict = {}
+        for coords, leaves in blocks:
+            pieces = [p for p in canon.pieces(coords) if p.owner]
+            for leaf in sorted({p.leaf for p in pieces}):
+                host = np.asarray(leaves[leaf])
+                futures = []
+                for piece in (p for p in pieces if p.leaf == leaf):
+                    if not piece.box:
+                        scalars[piece.name] = host.item()
+                        continue
+                    store = self._open(stores, tmp, piece.name)
+                    futures.append(store[piece.box].write(extract(piece, host)))
+                for f in futures:
+                    f.result()
+
+    def _commit(self, tmp: str, step: int, canon: Canonical, scalars: dict, files: dict) -> None:
+        """Process 0: meta.json last, then the atomic rename; older checkpoints pruned."""
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "mesh": canon.mesh_shape,
+            "arrays": {
+                n: {"shape": list(a.shape), "dtype": a.dtype.str} for n, a in canon.arrays.items()
+            },
+            "scalars": {n: scalars[n] for n, a in canon.arrays.items() if not a.shape},
+            "files": dict(sorted(files.items())),
+        }
+        meta["digest"] = _digest(meta)
+        os.remove(os.path.join(tmp, TOKEN))
+        with open(os.path.join(tmp, META), "w") as f:
+            json.dump(meta, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        final = os.path.join(self.directory, str(step))
+        old = os.path.join(self.directory, f".old-{step}")
+        if os.path.exists(final):  # the same step saved again (a resumed run): replace it
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        for s in self.steps()[: -self.keep]:
+            shutil.rmtree(os.path.join(self.directory, str(s)), ignore_errors=True)
+        for n in os.listdir(self.directory):  # what interrupted saves left behind
+            if n.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(self.directory, n), ignore_errors=True)
+
+    # --- restore -------------------------------------------------------------------------------
+
+    def restore(self, plan: Plan, coords: Iterable[dict], step: int | None = None) -> Iterator:
+        """The blocks ``(coords, leaves)`` of the devices at `coords` on the mesh of `plan`, from
+        the checkpoint of `step` (default: the latest), whatever mesh wrote it.
+
+        Parameters, optimizer moments and master copy are exact. Error-feedback residuals are
+        exact when "data" has the size it had; otherwise each element's residuals (what the data
+        ranks had not yet delivered of it) are summed and spread evenly over the new data ranks,
+        which keeps their total, with a logged warning. Checks run before the first block is made:
+        a missing checkpoint or one of another model is a ValueError naming the array.
         """
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise ValueError(f"no checkpoint to resume from in {self.directory}")
+        step = self._resolve(step)
         problem = self.verify(step)
         if problem is not None:
-            older = next(
-                (s for s in reversed(self.steps()) if s < step and not self.verify(s)), None
-            )
-            hint = (
-                f"step {older} is the newest intact checkpoint: delete {self._path(step)} to "
-                "resume from it"
-                if older is not None
-                else "no older intact checkpoint"
-            )
-            raise ValueError(f"{problem}; {hint}")
-        local = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        abstract = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(
-                a.shape, a.dtype, sharding=getattr(a, "sharding", None) or local
-            ),
-            like,
-        )
+            raise ValueError(f"{problem}; {self._hint(step)}")
+        step, meta = self._meta(step)
+        canon = Canonical(plan)
+        path = os.path.join(self.directory, str(step))
+        stored = meta["arrays"]
+        for name, a in canon.arrays.items():
+            if name.startswith("residual/"):
+                continue
+            want = _describe(a)
+            if name not in stored:
+                raise ValueError(f"checkpoint {path} does not match this run: it has no {name}")
+            if stored[name] != want:
+                got = stored[name]
+                raise ValueError(
+                    f"checkpoint {path} does not match this run: {name} is "
+                    f"{np.dtype(got['dtype']).name}{list(got['shape'])} there, "
+                    f"{a.dtype.name}{list(a.shape)} here"
+                )
+        spread = self._residual_rule(path, canon, meta)
+        return self._read(path, canon, meta, coords, spread)
+
+    def _resolve(self, step: int | None) -> int:
+        step = self.latest_step() if step is None else step
+        if step is None:
+            old = ""
+            if any(n.isdigit() for n in _listdir(self.directory)):
+                old = (
+                    " (its step directories are in another format: checkpoints written before "
+                    "jaxhc's sharded checkpoints do not load)"
+                )
+            raise ValueError(f"no checkpoint to resume from in {self.directory}{old}")
+        return step
+
+    def _meta(self, step):
+        step = self._resolve(step)
+        path = os.path.join(self.directory, str(step), META)
         try:
-            return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        except Exception as e:  # orbax raises many types; one clear line for the user
-            raise ValueError(
-                f"checkpoint {self._path(step)} does not match this run's state: "
-                f"{str(e).splitlines()[0]}"
-            ) from None
+            with open(path) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"no checkpoint of step {step} in {self.directory}") from None
+        except (OSError, ValueError) as e:
+            raise _Corrupt(f"checkpoint file {path} is corrupt: {e}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            got = meta.get("format") if isinstance(meta, dict) else None
+            raise ValueError(f"{path}: format {got!r} is not {FORMAT!r}")
+        if meta.get("digest") != _digest(meta):
+            raise _Corrupt(f"checkpoint file {path} is corrupt: its bytes differ from when written")
+        return step, meta
 
     def verify(self, step: int) -> str | None:
-        """None if every file of `step` is as it was written; else what is wrong, naming a file."""
-        root = self._path(step)
+        """None if every file of checkpoint `step` is as it was written; else what is wrong (one
+        line naming the file). Every process of the group calls it; each reads a share."""
         try:
-            with open(os.path.join(root, MANIFEST)) as f:
-                recorded = json.load(f)
-        except FileNotFoundError:
-            return f"checkpoint {root} is incomplete (its save was interrupted)"
-        except (OSError, ValueError) as e:
-            return f"checkpoint file {os.path.join(root, MANIFEST)} is unreadable ({e})"
-        found = _files(root)
-        for rel in sorted(set(recorded) | set(found)):
-            path = os.path.join(root, rel)
-            if rel not in found:
-                return f"checkpoint file {path} is missing"
-            if rel not in recorded:
-                return f"checkpoint file {path} was not part of the save"
-            size, digest = recorded[rel]
-            if os.path.getsize(path) != size:
-                return (
-                    f"checkpoint file {path} is corrupt: {os.path.getsize(path)} bytes, "
-                    f"{size} when written"
-                )
-            if _sha256(path) != digest:
-                return f"checkpoint file {path} is corrupt: its bytes differ from when written"
-        return None
+            _, meta = self._meta(step)
+        except _Corrupt as e:
+            return str(e)
+        return self.group.first_error(_damage(self._path(step), meta, self.group))
 
-    def close(self) -> None:
-        self._manager.close()
+    def _hint(self, step: int) -> str:
+        """Where a user whose checkpoint `step` is damaged can resume from."""
+        for s in reversed(self.steps()):
+            if s < step and self.verify(s) is None:
+                return (
+                    f"step {s} is the newest intact checkpoint: delete {self._path(step)} to "
+                    "resume from it"
+                )
+        return "no older intact checkpoint"
 
     def _path(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
-    def _complete(self, step: int) -> bool:
-        return os.path.exists(os.path.join(self._path(step), MANIFEST))
+    def _residual_rule(self, path, canon: Canonical, meta) -> int | None:
+        """None: residuals map exactly (or there are none to restore); else the writer's data
+        size, whose residuals are summed and spread."""
+        wanted = any(n.startswith("residual/") for n in canon.arrays)
+        stored = any(n.startswith("residual/") for n in meta["arrays"])
+        if not wanted:
+            if stored:
+                log.warning("%s: error-feedback residuals not restored (this run keeps none)", path)
+            return None
+        if not stored:
+            log.warning("%s: no error-feedback residuals there; they start at zero", path)
+            return None
+        old = meta["mesh"]["data"]
+        if old == canon.mesh_shape["data"]:
+            return None
+        log.warning(
+            "%s: written with data=%d, resumed with data=%d: each element's error-feedback "
+            "residuals are summed and spread evenly over the new data ranks",
+            path,
+            old,
+            canon.mesh_shape["data"],
+        )
+        return old
 
-    def _write_manifest(self, step: int) -> None:
-        root = self._path(step)
-        recorded = {rel: [os.path.getsize(p), _sha256(p)] for rel, p in _files(root).items()}
-        tmp = os.path.join(root, MANIFEST + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(recorded, f, indent=0, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(root, MANIFEST))
+    def _read(self, path, canon: Canonical, meta, coords, spread) -> Iterator:
+        stores: dict = {}
+        has_residual = any(n.startswith("residual/") for n in meta["arrays"])
+        for c in coords:
+            leaves = canon.zero_block()
+            for piece in canon.pieces(c):
+                if not piece.box:
+                    value = meta["scalars"][piece.name]
+                    leaves[piece.leaf][...] = value
+                    continue
+                if piece.name.startswith("residual/"):
+                    if not has_residual:
+                        continue
+                    if spread is not None:
+                        store = self._open(stores, path, piece.name)
+                        rest = piece.box[1:]
+                        total = sum(
+                            store[(slice(d, d + 1), *rest)].read().result().astype(np.float64)
+                            for d in range(spread)
+                        )
+                        insert(piece, leaves[piece.leaf], total / canon.mesh_shape["data"])
+                        continue
+                store = self._open(stores, path, piece.name)
+                insert(piece, leaves[piece.leaf], store[piece.box].read().result())
+            yield c, leaves
+
+    def read_global(self, plan: Plan, step: int | None = None):
+        """The checkpoint as a TrainState of global host arrays in the layout of `plan`'s mesh
+        (every device's block assembled in this process: for inspection and tests)."""
+        canon = Canonical(plan)
+        mesh = canon.mesh_shape
+        all_coords = [dict(zip(mesh, idx, strict=True)) for idx in np.ndindex(*mesh.values())]
+        blocks = [leaves for _, leaves in self.restore(plan, all_coords, step)]
+        specs = jax.tree.leaves(plan.state_specs, is_leaf=_blocks.is_spec)
+        leaves = [
+            _blocks.assemble(spec, [b[i] for b in blocks], all_coords, mesh)
+            for i, spec in enumerate(specs)
+        ]
+        return canon.unflatten(leaves)
+
+    def _open(self, stores: dict, root: str, name: str):
+        if name not in stores:
+            spec = {"driver": "zarr", "kvstore": _kvstore(root, name)}
+            stores[name] = ts.open(spec, open=True, context=self._context).result()
+        return stores[name]
 
 
-def _files(root: str) -> dict[str, str]:
-    """Every file under `root` but the manifest (and its temporary): relative path -> path."""
-    out = {}
+def _files(root: str) -> list[str]:
+    """Every file under `root` but meta.json, relative, sorted."""
+    out = []
     for parent, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(parent, name)
-            rel = os.path.relpath(path, root)
-            if rel not in (MANIFEST, MANIFEST + ".tmp"):
-                out[rel] = path
-    return out
+        out += [os.path.relpath(os.path.join(parent, n), root) for n in names]
+    return sorted(r for r in out if r != META)
 
 
 def _sha256(path: str) -> str:
@@ -169,3 +419,48 @@ def _sha256(path: str) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _hash_share(root: str, group: Group) -> dict:
+    """This process's share of the files under `root`: relative path -> [bytes, sha256]."""
+    share = _files(root)[group.rank :: group.size]
+    return {
+        r: [os.path.getsize(os.path.join(root, r)), _sha256(os.path.join(root, r))] for r in share
+    }
+
+
+def _damage(root: str, meta: dict, group: Group) -> str | None:
+    """What is wrong with this process's share of the files of a step (None: nothing)."""
+    recorded = meta.get("files", {})
+    names = sorted(set(recorded) | set(_files(root)))
+    for rel in names[group.rank :: group.size]:
+        path = os.path.join(root, rel)
+        if rel not in recorded:
+            return f"checkpoint file {path} was not part of the save"
+        if not os.path.exists(path):
+            return f"checkpoint file {path} is missing"
+        size, digest = recorded[rel]
+        if os.path.getsize(path) != size:
+            got = os.path.getsize(path)
+            return f"checkpoint file {path} is corrupt: {got} bytes, {size} when written"
+        if _sha256(path) != digest:
+            return f"checkpoint file {path} is corrupt: its bytes differ from when written"
+    return None
+
+
+def _digest(meta: dict) -> str:
+    """SHA-256 of meta.json's content without its own digest (key order fixed)."""
+    body = {k: v for k, v in meta.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _kvstore(root: str, name: str) -> dict:
+    return {"driver": "file", "path": os.path.join(root, *name.split("/")) + "/"}
+
+
+def _describe(a) -> dict:
+    return {"shape": list(a.shape), "dtype": a.dtype.str}
+
+
+def _listdir(directory: str) -> list[str]:
+    return os.listdir(directory) if os.path.isdir(directory) else []

@@ -15,7 +15,12 @@ TRANSPORTS = ("xla", "mpi")
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The loop: steps, global batch, seeds, and how often to log, evaluate and checkpoint."""
+    """The loop: steps, global batch, seeds, and how often to log, evaluate and checkpoint.
+
+    ``fidelity_every``: every k steps, also reduce the gradients exactly and record the compressed
+    reduction's relative error and cosine similarity (``grad_rel_err``, ``grad_cos``; see
+    `jaxhc.parallel.fidelity`); 0 (default) never, as it costs a second reduction.
+    """
 
     steps: int = 300
     batch_size: int = 16
@@ -24,6 +29,7 @@ class TrainConfig:
     eval_batches: int = 4
     ckpt_every: int = 100
     keep_checkpoints: int = 3
+    fidelity_every: int = 0
     # Steps whose gradients are not finite are skipped (the state stays); this many in a row end
     # the run with an error (0: the first one does).
     max_skipped_steps: int = 5
@@ -39,6 +45,7 @@ class TrainConfig:
         ):
             whole_number(f"train.{key}", getattr(self, key))
         whole_number("train.seed", self.seed, least=0)
+        whole_number("train.fidelity_every", self.fidelity_every, least=0)
         whole_number("train.max_skipped_steps", self.max_skipped_steps, least=0)
 
 

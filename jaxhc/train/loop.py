@@ -20,9 +20,10 @@ import jaxhc
 from jaxhc.data import VOCAB_SIZE, Batches, corpus_bytes
 from jaxhc.model import validate
 from jaxhc.parallel import TrainState, init_state, make_eval_loss, make_mesh, make_train_step
-from jaxhc.parallel.state import Plan
+from jaxhc.parallel.fidelity import METRICS as FIDELITY
+from jaxhc.parallel.state import Plan, shardings
 from jaxhc.policy import Policy
-from jaxhc.train.checkpoint import Checkpoints
+from jaxhc.train.checkpoint import Checkpoints, Group, all_finite
 from jaxhc.train.config import ExperimentConfig
 from jaxhc.train.progress import Progress
 
@@ -65,8 +66,10 @@ class Runner(abc.ABC):
     them). Values of `state` are the runner's own (sharded `jax.Array`s, or a process's blocks).
     """
 
-    writer: bool = True  # this process writes metrics.jsonl, config.json, checkpoints, progress
+    writer: bool = True  # this process writes metrics.jsonl, config.json, progress
     devices: list[str]  # for config.json
+    group: Group = Group()  # the processes that checkpoint together
+    plan: Plan  # shapes and layouts of the state on this mesh
 
     def raise_if_any(self, error: str | None) -> None:
         """Raise ValueError(error) on every process if any process passes an error."""
@@ -77,8 +80,8 @@ class Runner(abc.ABC):
     def init_state(self) -> TrainState: ...
 
     @abc.abstractmethod
-    def restore(self, checkpoints: Checkpoints | None, state: TrainState) -> TrainState:
-        """The latest checkpoint's state (`checkpoints` is None where this process is no writer)."""
+    def restore(self, checkpoints: Checkpoints, state: TrainState) -> TrainState:
+        """The latest checkpoint's state, laid out for this mesh (whatever mesh wrote it)."""
 
     @abc.abstractmethod
     def step(self, state: TrainState, tokens: np.ndarray) -> tuple[TrainState, dict]:
@@ -92,7 +95,7 @@ class Runner(abc.ABC):
         """The step's traffic per axis (per device, as `Ledger.per_axis`) and its seconds."""
 
     @abc.abstractmethod
-    def save(self, checkpoints: Checkpoints | None, step: int, state: TrainState) -> bool:
+    def save(self, checkpoints: Checkpoints, step: int, state: TrainState) -> bool:
         """Checkpoint `state` as `step`; False when it was not finite (and nothing was saved)."""
 
 
@@ -104,7 +107,10 @@ class XlaRunner(Runner):
         self.devices = [str(d) for d in devices]
         self.mesh = make_mesh(cfg.mesh, devices)
         self.policy = policy = Policy.load(cfg.compression)
-        self._step = make_train_step(cfg.model, cfg.mesh, cfg.optim, self.mesh, policy)
+        self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
+        self._step = make_train_step(
+            cfg.model, cfg.mesh, cfg.optim, self.mesh, policy, cfg.train.fidelity_every
+        )
         self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
 
     def init_state(self):
@@ -113,8 +119,24 @@ class XlaRunner(Runner):
             cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, policy=self.policy
         )
 
+    def _coords(self):
+        """Each device of the mesh with its coordinates."""
+        for idx, device in np.ndenumerate(self.mesh.devices):
+            yield dict(zip(self.mesh.axis_names, map(int, idx), strict=True)), device
+
     def restore(self, checkpoints, state):
-        return checkpoints.restore(state)
+        coords, devices = zip(*self._coords(), strict=True)
+        per_leaf = [[] for _ in jax.tree.leaves(state)]
+        blocks = checkpoints.restore(self.plan, coords)
+        for device, (_, leaves) in zip(devices, blocks, strict=True):
+            for arrays, x in zip(per_leaf, leaves, strict=True):
+                arrays.append(jax.device_put(x, device))
+        specs = jax.tree.leaves(shardings(self.mesh, self.plan.state_specs))
+        leaves = [
+            jax.make_array_from_single_device_arrays(x.shape, s, arrays)
+            for x, s, arrays in zip(jax.tree.leaves(state), specs, per_leaf, strict=True)
+        ]
+        return jax.tree.unflatten(jax.tree.structure(state), leaves)
 
     def step(self, state, tokens):
         state, metrics = self._step(state, tokens)
@@ -127,7 +149,14 @@ class XlaRunner(Runner):
         return ledger.per_axis(devices=self.mesh.devices.size), seconds
 
     def save(self, checkpoints, step, state):
-        return checkpoints.save(step, state)
+        leaves = jax.tree.leaves(state)
+        shards = [{s.device: s.data for s in x.addressable_shards} for x in leaves]
+
+        def blocks():
+            for c, device in self._coords():
+                yield c, [s[device] for s in shards]
+
+        return checkpoints.save(step, self.plan, blocks(), finite=all_finite(state))
 
 
 def run_loop(
@@ -152,10 +181,8 @@ def run_loop(
     policy = Policy.load(cfg.compression)
     batches = Batches(corpus_bytes(), cfg.train.batch_size, cfg.model.block_size, cfg.train.seed)
     state = runner.init_state()
-    checkpoints = None
-    if writer:
-        keep = cfg.train.keep_checkpoints
-        checkpoints = Checkpoints(os.path.join(out_dir, "checkpoints"), keep=keep)
+    keep = cfg.train.keep_checkpoints
+    checkpoints = Checkpoints(os.path.join(out_dir, "checkpoints"), keep=keep, group=runner.group)
     start = 0
     if resume:
         state = runner.restore(checkpoints, state)
@@ -206,6 +233,7 @@ def run_loop(
                 "lr": float(metrics["lr"]),
                 "grad_norm": float(metrics["grad_norm"]),
                 "skipped": skipped,
+                **{k: float(metrics[k]) for k in FIDELITY if math.isfinite(metrics[k])},
                 "seconds": seconds,
                 "tokens_per_s": tokens_per_step / seconds,
                 "model_tflops": flops / seconds / 1e12,
@@ -230,8 +258,6 @@ def run_loop(
                 if not runner.save(checkpoints, step + 1, state):
                     bar.note(f"step {step + 1}: state is not finite; checkpoint skipped")
             bar.update(record)
-    if checkpoints is not None:
-        checkpoints.close()
     return record if writer else {}
 
 

@@ -4,11 +4,11 @@ Every rank runs `jaxhc.train.loop.run_loop` with an `MpiRunner`: it holds its ow
 train state (its coordinate's slice of every array, as `jaxhc.Launcher.put` places it), runs the
 same per-shard programs as the XLA transport (`per_shard_train_step`, `per_shard_eval_loss`) with
 jaxhc's collectives over `MpiTransport`, and feeds its data rows of the same global batch (batches
-depend only on (seed, step)). Rank 0 alone touches the run directory: metrics.jsonl, config.json,
-the progress bar and the Orbax checkpoints. A checkpoint holds the global arrays (the blocks
-gathered to rank 0), in the format the XLA loop writes, so a run checkpointed on one transport
-resumes on either; on resume rank 0 reads it and sends every rank its blocks, so the other ranks
-need no shared file system.
+depend only on (seed, step)). Rank 0 alone writes metrics.jsonl, config.json and the progress bar.
+Checkpoints are sharded (`jaxhc.train.checkpoint`): every rank writes its own pieces of the global
+arrays and reads its own block back, nothing is gathered; the format is the XLA loop's, so a run
+checkpointed on one transport (and mesh) resumes on either (and on any mesh). The checkpoint
+directory must be on a file system every rank sees.
 
 Failures end the job rather than hang it: a bad configuration or a mesh that does not match
 ``-np`` is found by every rank before any communication (rank 0 prints the one-line error, every
@@ -24,7 +24,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxhc.launch import Launcher, _blocks
@@ -35,10 +34,10 @@ from jaxhc.parallel import (
     initial_state,
     per_shard_eval_loss,
     per_shard_train_step,
-    train_state_specs,
 )
 from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
+from jaxhc.train.checkpoint import Group, all_finite
 from jaxhc.train.config import ExperimentConfig
 from jaxhc.train.loop import Runner, check_config, run_loop
 from jaxhc.train.progress import Progress
@@ -115,15 +114,18 @@ class MpiRunner(Runner):
         self.launcher = Launcher(mesh_shape, "mpi")
         grid = self.launcher.grid
         self.comm, self.mesh_shape = grid.control, mesh_shape
+        self.coords = grid.coords
         self.writer = grid.rank == 0
+        self.group = MpiGroup(self.comm)
         self.all_coords = self.comm.allgather(grid.coords)
         where = f"{jax.devices()[0]} on {socket.gethostname()}"
         self.devices = [f"rank {r}: {d}" for r, d in enumerate(self.comm.allgather(where))]
 
         self.policy = policy = Policy.load(cfg.compression)
-        self.specs = train_state_specs(cfg.model, cfg.mesh, cfg.optim, policy)
+        self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
+        self.specs = self.plan.state_specs
         self._step = self.launcher.shard_map(
-            per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy),
+            per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy, cfg.train.fidelity_every),
             in_specs=(self.specs, P("data")),
             out_specs=(self.specs, METRIC_SPECS),
             donate_argnums=0,  # the state is updated in place, as the XLA loop's is
@@ -156,15 +158,13 @@ class MpiRunner(Runner):
         return self._scatter(self._host_state())
 
     def restore(self, checkpoints, state):
-        like = self._host_state()
-        host, error = like, None
-        if self.writer:
-            try:
-                host = jax.device_get(checkpoints.restore(like))
-            except ValueError as e:
-                error = str(e)
+        leaves, error = None, None
+        try:
+            [(_, leaves)] = checkpoints.restore(self.plan, [self.coords])
+        except ValueError as e:
+            error = str(e)
         self.raise_if_any(error)
-        return self._scatter(host)
+        return jax.tree.unflatten(jax.tree.structure(state), [jnp.asarray(x) for x in leaves])
 
     def _scatter(self, tree):
         """Rank 0's global host arrays -> every rank's blocks (elsewhere `tree` only gives the
@@ -177,16 +177,6 @@ class MpiRunner(Runner):
             return jnp.asarray(self.comm.scatter(blocks, root=0))
 
         return _blocks.map_specs(one, self.specs, tree)
-
-    def _gather(self, state):
-        """Every rank's blocks -> the global host arrays on rank 0 (None elsewhere)."""
-
-        def one(spec, x):
-            blocks = self.comm.gather(np.asarray(x), root=0)
-            return _blocks.assemble(spec, blocks, self.all_coords, self.mesh_shape) if blocks else 0
-
-        tree = _blocks.map_specs(one, self.specs, state)
-        return tree if self.writer else None
 
     def step(self, state, tokens):
         rows = self.launcher.put(tokens, P("data"))
@@ -210,6 +200,27 @@ class MpiRunner(Runner):
         return traffic, max(s for _, s in gathered)
 
     def save(self, checkpoints, step, state):
-        host = self._gather(state)
-        ok = checkpoints.save(step, host) if self.writer else True
-        return self.comm.bcast(ok, root=0)
+        block = jax.tree.leaves(state)
+        return checkpoints.save(step, self.plan, [(self.coords, block)], finite=all_finite(state))
+
+
+class MpiGroup(Group):
+    """The ranks of an MPI job, checkpointing together (small control messages only)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    def all_gather(self, value):
+        return self.comm.allgather(value)
+
+    def bcast(self, value):
+        return self.comm.bcast(value, root=0)
+
+    def all_true(self, flag):
+        return all(self.comm.allgather(bool(flag)))
+
+    def first_error(self, error):
+        errors = self.comm.allgather(error)
+        return next((f"rank {r}: {e}" for r, e in enumerate(errors) if e), None)

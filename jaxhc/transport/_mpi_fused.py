@@ -95,7 +95,7 @@ def _bind(which: int, flat, comm, codec: Codec | None):
 
     kind, maxbits, dim, budget = _PLAIN, 0, 1, 0.0
     if isinstance(codec, Zfp):
-        kind, maxbits = _ZFP, codec.maxbits(flat.dtype)
+        kind, maxbits, dim = _ZFP, codec.maxbits(flat.dtype), codec.dims
     elif isinstance(codec, Mpc):
         kind, dim, budget = _MPC, codec.dim, codec.budget or 0.0
     y, stats = _primitives()[which].bind(
