@@ -23,20 +23,20 @@ LOG_EVERY_HELP = (
 
 def host_devices(cfg, env=None) -> int:
     """The devices this process needs: one per process under ``--transport mpi`` (mpirun starts
-    a process per mesh device), the whole mesh otherwise (the XLA loop runs every mesh device in
-    this process). Under mpirun the XLA loop would train the whole mesh in every process, all
-    into one run directory: a one-line error instead."""
+    a process per mesh device); under ``--transport xla`` its share of the mesh (the whole mesh in
+    one process; the mesh split evenly over the processes of a `jax.distributed` job started by
+    mpirun, srun or jaxhc's JAXHC_* variables)."""
     from jaxhc.launch import ProcessEnv
 
     if cfg.transport == "mpi":
         return 1
     env = env or ProcessEnv.from_env()
-    if env.source == "mpirun" and env.multi_process:
+    if cfg.mesh.size % env.num_processes:
         raise ValueError(
-            f"started by mpirun as {env.num_processes} processes with transport=xla: "
-            "pass --transport mpi (one process per mesh device)"
+            f"mesh size {cfg.mesh.size} is not a multiple of the {env.num_processes} processes "
+            f"of this job (started by {env.source}): each process takes an equal share"
         )
-    return cfg.mesh.size
+    return cfg.mesh.size // env.num_processes
 
 
 def _train_parser(sub) -> None:
@@ -82,6 +82,10 @@ def cmd_train(args) -> int:
     _check_log_every(args)
     # Before anything starts jax's backends: the README's commands need no XLA_FLAGS on CPU.
     set_cpu_device_count(host_devices(cfg))
+    if cfg.transport == "xla":
+        from jaxhc.launch import init_distributed
+
+        init_distributed()  # one process: nothing; several: jax.distributed (gloo on CPU)
     out = args.out or os.path.join("runs", f"{cfg.name}-{os.path.basename(cfg.compression)}")
     progress = Progress(enabled=not args.no_progress, log_every=args.log_every)
     if cfg.transport == "mpi":

@@ -109,5 +109,8 @@ def test_devices_per_process_follow_the_transport():
     single = ProcessEnv.from_env({})
     assert host_devices(load(str(CONFIG)), single) == 8  # the whole 2 x 2 x 2 mesh here
     assert host_devices(load(str(CONFIG), ["transport=mpi"]), mpirun) == 1
-    with pytest.raises(ValueError, match="pass --transport mpi"):
-        host_devices(load(str(CONFIG)), mpirun)
+    assert host_devices(load(str(CONFIG)), mpirun) == 1  # jax.distributed: 8 processes x 1
+    slurm = ProcessEnv.from_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
+    assert host_devices(load(str(CONFIG)), slurm) == 4
+    with pytest.raises(ValueError, match="mesh size 8 is not a multiple of the 3 processes"):
+        host_devices(load(str(CONFIG)), ProcessEnv.from_env({"JAXHC_NUM_PROCESSES": "3"}))

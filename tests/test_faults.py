@@ -294,8 +294,8 @@ def test_a_non_finite_state_is_never_checkpointed(tmp_path):
     assert checkpoints.save(1, plan, blocks(state, plan))
     for bad in (np.nan, np.inf):
         master = state.opt_state["master"].copy()
-        master[0, 3] = bad
-        poisoned = state._replace(opt_state={**state.opt_state, "master": master})
+        master.flat[3] = bad
+        poisoned = state.replace(opt_state={**state.opt_state, "master": master})
         finite = checkpoints.save(2, plan, blocks(poisoned, plan), finite=all_finite(poisoned))
         assert not finite
     assert checkpoints.steps() == [1]

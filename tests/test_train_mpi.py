@@ -321,9 +321,7 @@ def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(poli
     assert "process rank 1 with PID" in out and "signal 9" in out, out
     assert took < 60, took
 
-    checkpoints = Checkpoints(str(run / "checkpoints"))
-    latest = checkpoints.latest_step()
-    checkpoints.close()
+    latest = Checkpoints(str(run / "checkpoints")).latest_step()
     assert latest is not None and latest >= 2 and latest % 2 == 0
     cfg = load(str(CONFIG), [*overrides, f"train.steps={latest + 1}"])
     runner = XlaRunner(cfg, jax.devices()[:2])  # this process has 8 devices; the mesh needs 2

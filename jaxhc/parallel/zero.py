@@ -92,9 +92,18 @@ def global_norm(chunk: jax.Array, layout: FlatLayout) -> jax.Array:
 
 
 def psum_scalar(x: jax.Array, axes) -> jax.Array:
-    """Plain (uncompressed) sum of a scalar over `axes`, through jaxhc so the ledger sees it."""
+    """Plain (uncompressed) sum of a scalar (or a few values) over `axes`, through jaxhc so the
+    ledger sees it: gathered, then added in rank order, one rank at a time. An all-reduce would
+    sum in an order of its own choosing, which differs between one process (XLA:CPU) and several
+    (gloo), so the same run would not give the same bits in both."""
     axes = tuple(a for a in axes if jaxhc.axis_size(a) > 1)
-    return jaxhc.psum(x, axes) if axes else x
+    if not axes:
+        return x
+    parts = jaxhc.all_gather(x, axes, to="invarying")
+    total = parts[0]
+    for i in range(1, parts.shape[0]):
+        total = total + parts[i]
+    return total
 
 
 def reduce(grads, opt_state, layout: FlatLayout, policy):

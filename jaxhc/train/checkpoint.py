@@ -144,6 +144,7 @@ class Checkpoints:
         except (OSError, ValueError) as e:
             error = str(e).splitlines()[0]
         self._raise_if_any(step, error)
+        scalars = {k: v for share in group.all_gather(scalars) for k, v in share.items()}
         try:
             hashed = _hash_share(tmp, group)
         except OSError as e:
@@ -406,11 +407,11 @@ class Checkpoints:
 
 
 def _files(root: str) -> list[str]:
-    """Every file under `root` but meta.json, relative, sorted."""
+    """Every file under `root` but meta.json and the save's token, relative, sorted."""
     out = []
     for parent, _, names in os.walk(root):
         out += [os.path.relpath(os.path.join(parent, n), root) for n in names]
-    return sorted(r for r in out if r != META)
+    return sorted(r for r in out if r not in (META, TOKEN))
 
 
 def _sha256(path: str) -> str:

@@ -15,6 +15,7 @@ import time
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxhc
 from jaxhc.data import VOCAB_SIZE, Batches, corpus_bytes
@@ -99,12 +100,48 @@ class Runner(abc.ABC):
         """Checkpoint `state` as `step`; False when it was not finite (and nothing was saved)."""
 
 
+class ProcessGroup(Group):
+    """The processes of a `jax.distributed` job, checkpointing together. Small control messages
+    (JSON: tokens, errors, file digests) travel as bytes through jax's own cross-process
+    all-gather (`multihost_utils.process_allgather`)."""
+
+    def __init__(self):
+        self.rank, self.size = jax.process_index(), jax.process_count()
+
+    def all_gather(self, value) -> list:
+        from jax.experimental import multihost_utils
+
+        data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+        sizes = multihost_utils.process_allgather(np.int32(data.size))
+        padded = np.zeros(int(sizes.max()), np.uint8)
+        padded[: data.size] = data
+        rows = multihost_utils.process_allgather(padded)
+        return [json.loads(rows[r, : sizes[r]].tobytes()) for r in range(self.size)]
+
+    def bcast(self, value):
+        return self.all_gather(value)[0]
+
+    def all_true(self, flag):
+        return all(self.all_gather(bool(flag)))
+
+    def first_error(self, error):
+        errors = self.all_gather(error)
+        return next((f"process {r}: {e}" for r, e in enumerate(errors) if e), None)
+
+
 class XlaRunner(Runner):
-    """One process: `shard_map` over its devices, sharded `jax.Array` state."""
+    """`shard_map` over the devices of this process, or of every process of a `jax.distributed`
+    job (`jaxhc.launch.init_distributed`); sharded `jax.Array` state. In a job of several
+    processes every process feeds its own devices' rows of the (identical) global batch, process
+    0 writes the metrics and the run's files, and each process writes and reads its own devices'
+    pieces of the checkpoints."""
 
     def __init__(self, cfg: ExperimentConfig, devices):
         self.cfg = cfg
         self.devices = [str(d) for d in devices]
+        if jax.process_count() > 1:
+            self.writer = jax.process_index() == 0
+            self.group = ProcessGroup()
         self.mesh = make_mesh(cfg.mesh, devices)
         self.policy = policy = Policy.load(cfg.compression)
         self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
@@ -119,10 +156,24 @@ class XlaRunner(Runner):
             cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, policy=self.policy
         )
 
+    def raise_if_any(self, error):
+        error = self.group.first_error(error) if jax.process_count() > 1 else error
+        if error:
+            raise ValueError(error)
+
     def _coords(self):
-        """Each device of the mesh with its coordinates."""
+        """Each device of this process with its mesh coordinates."""
         for idx, device in np.ndenumerate(self.mesh.devices):
-            yield dict(zip(self.mesh.axis_names, map(int, idx), strict=True)), device
+            if device.process_index == jax.process_index():
+                yield dict(zip(self.mesh.axis_names, map(int, idx), strict=True)), device
+
+    def _place(self, tokens: np.ndarray):
+        """The global batch (the same on every process) split over "data"; each process makes
+        only its own devices' blocks."""
+        if jax.process_count() == 1:
+            return tokens
+        sharding = NamedSharding(self.mesh, PartitionSpec("data"))
+        return jax.make_array_from_callback(tokens.shape, sharding, lambda idx: tokens[idx])
 
     def restore(self, checkpoints, state):
         coords, devices = zip(*self._coords(), strict=True)
@@ -139,14 +190,16 @@ class XlaRunner(Runner):
         return jax.tree.unflatten(jax.tree.structure(state), leaves)
 
     def step(self, state, tokens):
-        state, metrics = self._step(state, tokens)
+        state, metrics = self._step(state, self._place(tokens))
         return state, jax.device_get(metrics)
 
     def eval_loss(self, params, tokens):
-        return float(self._eval(params, tokens))
+        return float(self._eval(params, self._place(tokens)))
 
     def step_stats(self, ledger, seconds):
-        return ledger.per_axis(devices=self.mesh.devices.size), seconds
+        # the collectives of this process's devices reach its ledger
+        local = sum(d.process_index == jax.process_index() for d in self.mesh.devices.flat)
+        return ledger.per_axis(devices=local), seconds
 
     def save(self, checkpoints, step, state):
         leaves = jax.tree.leaves(state)
