@@ -9,7 +9,9 @@ functions. Every cross-device byte goes through jaxhc's collectives under the po
 * "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and `jaxhc.psum` of
   the gradients of ``wte``, ``wpe`` and ``ln_f``, which every stage holds (``kind="grad"``);
 * "data": `jaxhc.psum_scatter` of gradients (``kind="grad"``), `jaxhc.all_gather` of updated
-  parameters (``kind="param"``);
+  parameters (``kind="param"``); under a sharding plan that nests the data axis
+  (`jaxhc.parallel.amsp`), each over its group's sub-axes, and `jaxhc.psum` of the gradient
+  chunks over the other sub-axes;
 * two plain scalar sums, also through jaxhc so the ledger counts them (kind "other"): the loss over
   ("data", "pipe") and the squared gradient norm over all axes.
 
@@ -28,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxhc
+from jaxhc._compat import axis_tuple
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.model.tensor_parallel import TensorParallel
@@ -49,6 +52,15 @@ def _local_opt(opt_state):
 
 def _global_opt(opt_state):
     return jax.tree.map(lambda x: x.reshape(1, 1, -1) if x.ndim else x, opt_state)
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, P)
+
+
+def _on_view(data, spec: P) -> P:
+    """`spec` with the mesh's "data" replaced by the view's data axis (a name or sub-axes)."""
+    return P(*(data if entry == "data" else entry for entry in spec))
 
 
 def _map(fn, mesh: Mesh, in_specs, out_specs):
@@ -77,10 +89,11 @@ def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, policy, last_
     return lax.cond(stage == stages - 1, last_stage_fn, lambda _: zeros, hidden)
 
 
-def _local_loss(params, tokens, cfg, mesh_cfg, policy):
-    """This rank's share of the global mean loss: the sum of its token losses over all tokens."""
+def _local_loss(params, tokens, cfg, mesh_cfg, policy, data="data"):
+    """This rank's share of the global mean loss: the sum of its token losses over all tokens.
+    `data`: the data axis (a name or the sub-axes of `jaxhc.parallel.amsp`)."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    total = tokens.shape[0] * jaxhc.axis_size("data") * targets.shape[1]
+    total = tokens.shape[0] * jaxhc.axis_size(data) * targets.shape[1]
 
     def loss_sum(hidden):
         logits = gpt.head(params, hidden, cfg)
@@ -89,11 +102,11 @@ def _local_loss(params, tokens, cfg, mesh_cfg, policy):
     return _forward(params, inputs, cfg, mesh_cfg, policy, loss_sum)
 
 
-def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
+def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, policy, data="data"):
     """Global loss (every rank) and this rank's gradients of its own copy of the parameters."""
-    objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, policy=policy)
+    objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, policy=policy, data=data)
     local, grads = jax.value_and_grad(objective)(params, tokens)
-    return zero.psum_scalar(local, ("data", "pipe")), grads
+    return zero.psum_scalar(local, (*axis_tuple(data), "pipe")), grads
 
 
 def _sum_shared(grads, policy):
@@ -130,18 +143,25 @@ def per_shard_train_step(
     """
     policy = _policy(policy)
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
+    shard, layout = plan.shard, plan.layout
 
     def exact_chunk(local_grads):
-        return zero.reduce_gradients(_sum_shared(local_grads, None), plan.layout, None)
+        exact = zero.reduce_gradients(_sum_shared(local_grads, None), layout, None, shard=shard)
+        return zero.finest(exact, layout, shard)[0]
 
     def step(state: TrainState, tokens):
         params = state.params
-        loss, local = _local_loss_and_grads(params, tokens, model_cfg, mesh_cfg, policy)
+        loss, local = _local_loss_and_grads(
+            params, tokens, model_cfg, mesh_cfg, policy, shard.data_axis
+        )
         grads = _sum_shared(local, policy)
-        g, opt_state = zero.reduce(grads, _local_opt(state.opt_state), plan.layout, policy)
-        observed = fidelity.sample(state.step, fidelity_every, g, local, exact_chunk, plan.layout)
+        g, opt_state = zero.reduce(grads, _local_opt(state.opt_state), layout, policy, shard)
+        chunk, start = zero.finest(g, layout, shard)
+        observed = fidelity.sample(
+            state.step, fidelity_every, chunk, start, local, exact_chunk, layout, shard
+        )
         params, opt_state, grad_norm, lr = zero.update(
-            params, opt_state, g, state.step, plan.layout, optim_cfg, policy
+            params, opt_state, g, state.step, layout, optim_cfg, policy, shard
         )
         new = TrainState(state.step + 1, params, _global_opt(opt_state))
         return new, {"loss": loss, "grad_norm": grad_norm, "lr": lr, **observed}
@@ -192,7 +212,11 @@ def make_train_step(
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, _policy(policy))
     per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy, fidelity_every)
     specs = plan.state_specs
-    sharded = _map(per_shard, mesh, (specs, P("data")), (specs, METRIC_SPECS))
+    # With a nested data axis the program runs on a view of the mesh whose data axis is the
+    # sub-axes: the same devices in the same order, so the state's shardings are unchanged.
+    view, data = plan.shard.view(mesh), plan.shard.data_axis
+    view_specs = jax.tree.map(functools.partial(_on_view, data), specs, is_leaf=_is_spec)
+    sharded = _map(per_shard, view, (view_specs, P(data)), (view_specs, METRIC_SPECS))
 
     @functools.partial(
         jax.jit,

@@ -35,6 +35,7 @@ from jaxhc.parallel import (
     per_shard_eval_loss,
     per_shard_train_step,
 )
+from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Group, all_finite
@@ -72,6 +73,12 @@ def train_mpi(
                 f"MPI job has {world.Get_size()} processes: start it with `mpirun -np {m.size}`"
             )
         check_config(cfg, cfg.mesh.size)
+        shard = ShardPlan.of(cfg.mesh)
+        if not shard.flat:
+            raise ValueError(
+                f"mesh.shard nests the data axis in groups {list(shard.sizes[::-1])}: not yet "
+                "supported with --transport mpi (use sizes 1 or mesh.data)"
+            )
     except ValueError:
         _exit_unless_rank0(world)
         raise
