@@ -10,12 +10,12 @@ innermost sub-axes whose sizes multiply to s and replicated over the others. Eve
 runs over exactly its group, through jaxhc, so a policy compresses it (a sub-axis without a
 policy entry takes the entry of "data").
 
-Gradients are reduced level by level, innermost first: reduce-scattered over the levels of the
-gradient group, summed (all-reduced) over the others. Each level adds in rank order, so the
-result depends on the levels only, not on the plan: all plans on the same levels give the same
-bits. The reduce-scatters leave a rank the chunk whose index has the innermost level's coordinate
-as its most significant digit (`chunk_index`); the parameter all-gather, outermost level first,
-puts the chunks back in order.
+Gradients are reduce-scattered level by level, innermost first, then all-gathered back over the
+levels outside the gradient group, outermost first (over those levels, a hierarchical
+all-reduce). Each level adds in rank order, so the result depends on the levels only, not on the
+plan: all plans on the same levels give the same bits. The reduce-scatters leave a rank the chunk
+whose index has the innermost level's coordinate as its most significant digit (`chunk_index`);
+the all-gathers, outermost level first, put the chunks back in order.
 """
 
 from __future__ import annotations

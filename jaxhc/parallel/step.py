@@ -10,8 +10,8 @@ functions. Every cross-device byte goes through jaxhc's collectives under the po
   the gradients of ``wte``, ``wpe`` and ``ln_f``, which every stage holds (``kind="grad"``);
 * "data": `jaxhc.psum_scatter` of gradients (``kind="grad"``), `jaxhc.all_gather` of updated
   parameters (``kind="param"``); under a sharding plan that nests the data axis
-  (`jaxhc.parallel.amsp`), each over its group's sub-axes, and `jaxhc.psum` of the gradient
-  chunks over the other sub-axes;
+  (`jaxhc.parallel.amsp`), level by level over its sub-axes, and the reduced gradient chunks
+  all-gathered (``kind="grad"``) over the sub-axes outside the plan's gradient group;
 * two plain scalar sums, also through jaxhc so the ledger counts them (kind "other"): the loss over
   ("data", "pipe") and the squared gradient norm over all axes.
 

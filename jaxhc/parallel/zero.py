@@ -3,9 +3,10 @@
 Per rank, per step (inside shard_map), for a plan of `jaxhc.parallel.amsp` (ZeRO by default:
 gradients and optimizer state split over the whole data axis):
 
-1. `reduce`: its local gradients, flattened (`FlatLayout`), are reduce-scattered over the plan's
-   gradient group and summed over the rest of the data axis (`jaxhc.psum_scatter` / `jaxhc.psum`,
-   ``kind="grad"``): the rank receives the summed gradient of its gradient chunk;
+1. `reduce`: its local gradients, flattened (`FlatLayout`), are reduce-scattered over the data
+   axis and all-gathered back over the levels outside the plan's gradient group
+   (`jaxhc.psum_scatter` / `jaxhc.all_gather`, ``kind="grad"``): the rank receives the summed
+   gradient of its gradient chunk;
 2. `update`: the global gradient norm sums each rank's finest chunk's squares over all ranks,
    counting a parameter that is replicated over "tensor" or "pipe" once (on rank 0 of that
    axis), and clips like `optax.clip_by_global_norm`;
@@ -77,27 +78,30 @@ def all_axes(shard: ShardPlan | None) -> tuple[str, ...]:
 
 def reduce_gradients(grads, layout: FlatLayout, policy, residual=None, shard=None):
     """This rank's chunk of the flattened gradients, summed over the data axis: its share of the
-    plan's gradient group (`shard`; None: the whole "data" axis, ZeRO). Level by level, innermost
-    first: reduce-scattered over the gradient group's sub-axes, summed over the others.
+    plan's gradient group (`shard`; None: the whole "data" axis, ZeRO). Reduce-scattered level by
+    level, innermost first, then all-gathered back over the levels outside the gradient group,
+    outermost first (a hierarchical all-reduce there: each level moves 1/its inner ranks of the
+    vector).
 
     With `residual` (error feedback: this device's padded flat vector), (chunk, new residual);
     only where the data axis is one level.
     """
     flat = layout.flatten(grads)
-    axes, scatter = (("data",), ("data",)) if shard is None else (shard.axes, shard.grad_axes)
+    axes, keep = (("data",), ("data",)) if shard is None else (shard.axes, shard.grad_axes)
     if residual is not None and len(axes) > 1:
         raise ValueError("error feedback needs a one-level data axis (mesh.shard.groups)")
     for axis in reversed(axes):
         if jaxhc.axis_size(axis) == 1:
             continue
-        collective = jaxhc.psum_scatter if axis in scatter else jaxhc.psum
-        kw = {"tiled": True} if axis in scatter else {}
         if residual is None:
-            flat = collective(flat, axis, policy=policy, kind="grad", **kw)
+            flat = jaxhc.psum_scatter(flat, axis, tiled=True, policy=policy, kind="grad")
         else:
-            flat, residual = collective(
-                flat, axis, policy=policy, kind="grad", residual=residual, **kw
+            flat, residual = jaxhc.psum_scatter(
+                flat, axis, tiled=True, policy=policy, kind="grad", residual=residual
             )
+    for axis in axes:
+        if axis not in keep and jaxhc.axis_size(axis) > 1:
+            flat = jaxhc.all_gather(flat, axis, tiled=True, policy=policy, kind="grad")
     return flat if residual is None else (flat, residual)
 
 

@@ -1,0 +1,81 @@
+"""Per-device bytes and time of a step's data-parallel collectives under a sharding plan.
+
+The train step (`jaxhc.parallel.zero`) reduce-scatters the flat gradient vector (n bytes) level
+by level, innermost first: over a level of k ranks (k - 1) / k x n, after which n shrinks k-fold;
+it all-gathers the reduced chunk back over the levels outside the gradient group, outermost first
+((k - 1) x n per level, n growing k-fold), and then the updated optimizer-state chunk (c bytes)
+over the optimizer-state group's levels, outermost first ((k - 1) x c). These are the bytes a
+ring collective moves per device, which the ledger records as ``raw_bytes`` (tests/test_plan.py
+checks them per sub-axis and kind); a codec's ``ratio`` divides them.
+
+A collective's time is its bytes over the bandwidth of the links it crosses: a level whose group
+(with the tensor and pipe ranks inside it: the mesh is data-major) fits in a node uses the
+intra-node bandwidth, a larger one the inter-node bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxhc.model.config import MeshConfig
+from jaxhc.parallel.amsp import ShardPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of a step on one device: where, what, how many bytes (raw, ring)."""
+
+    axis: str  # the data sub-axis
+    kind: str  # "grad" or "param"
+    op: str  # "psum_scatter" or "all_gather"
+    ranks: int  # its participants
+    group: int  # the data ranks of the group this level closes (its size times the inner ones)
+    bytes: float
+
+
+def data_collectives(mesh: MeshConfig, flat_bytes: int) -> list[Collective]:
+    """The data-axis collectives of one train step on a device whose padded flat parameter
+    vector has `flat_bytes` bytes, in the order the step runs them."""
+    shard = ShardPlan.of(mesh)
+    inner = dict.fromkeys(shard.axes, 1)
+    n = 1
+    for axis, size in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
+        n *= size
+        inner[axis] = n
+    out = []
+    n = float(flat_bytes)
+    for axis, k in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
+        if k > 1:
+            out.append(Collective(axis, "grad", "psum_scatter", k, inner[axis], (k - 1) / k * n))
+            n /= k
+    for axis, k in zip(shard.axes, shard.sizes, strict=True):
+        if k > 1 and axis not in shard.grad_axes:
+            out.append(Collective(axis, "grad", "all_gather", k, inner[axis], (k - 1) * n))
+            n *= k
+    c = flat_bytes / shard.optim
+    for axis in shard.optim_axes:
+        k = shard.sizes[shard.axes.index(axis)]
+        if k > 1:
+            out.append(Collective(axis, "param", "all_gather", k, inner[axis], (k - 1) * c))
+            c *= k
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """A cluster's links: devices per node and bandwidths in bytes per second per device."""
+
+    node_devices: int
+    intra: float
+    inter: float
+
+    def bandwidth(self, mesh: MeshConfig, group: int) -> float:
+        """The bandwidth of a collective among `group` data ranks (each with its tensor x pipe
+        devices, which sit next to it)."""
+        return self.intra if group * mesh.tensor * mesh.pipe <= self.node_devices else self.inter
+
+
+def step_time(collectives: list[Collective], mesh: MeshConfig, links: Links, ratio=1.0) -> float:
+    """Seconds the collectives take one after the other, their bytes divided by `ratio` (a
+    codec's compression ratio)."""
+    return sum(c.bytes / ratio / links.bandwidth(mesh, c.group) for c in collectives)
