@@ -162,7 +162,7 @@ def _plan_parser(sub) -> None:
     p.add_argument("--memory-gib", type=float, default=80.0, help="memory per device (GiB)")
     p.add_argument("--intra-gbps", type=float, default=150.0, help="intra-node GB/s per device")
     p.add_argument("--inter-gbps", type=float, default=12.5, help="inter-node GB/s per device")
-    p.add_argument("--ratio", type=float, default=1.0, help="the data codec's compression ratio")
+    p.add_argument("--compression", help="policy (preset or YAML) the data traffic moves under")
 
 
 def cmd_plan(args) -> int:
@@ -172,12 +172,13 @@ def cmd_plan(args) -> int:
     from jaxhc.plan import Links, candidates, load_model, table
     from jaxhc.train.config import parse_mesh
 
-    for key in ("node_devices", "memory_gib", "intra_gbps", "inter_gbps", "ratio"):
+    for key in ("node_devices", "memory_gib", "intra_gbps", "inter_gbps"):
         if not getattr(args, key) > 0:
             raise ValueError(f"--{key.replace('_', '-')} {getattr(args, key)} must be > 0")
     mesh = dataclasses.replace(MeshConfig(), **parse_mesh(args.mesh))
     links = Links(args.node_devices, args.intra_gbps * 1e9, args.inter_gbps * 1e9)
-    rows = candidates(load_model(args.model), mesh, links, args.memory_gib * 2**30, args.ratio)
+    memory = args.memory_gib * 2**30
+    rows = candidates(load_model(args.model), mesh, links, memory, args.compression)
     print(table(rows))
     return 0
 

@@ -51,22 +51,42 @@ def test_state_bytes_are_what_the_compiled_step_takes(data, tensor, pipe, shard,
     assert want.grads == 4 * layout.padded // ShardPlan.of(mesh_cfg).grads
 
 
-@pytest.mark.parametrize("data, tensor, pipe, shard, policy", CASES[:4])
+ZDATA = jaxhc.Policy.from_dict({"name": "zdata", "min_bytes": 0, "axes": {"data": "zfp:8"}})
+MDATA = jaxhc.Policy.from_dict(
+    {"name": "mdata", "min_bytes": 20000, "axes": {"data": "mpc", "data.0": "q8"}}
+)
+
+
+@pytest.mark.parametrize(
+    "data, tensor, pipe, shard, policy",
+    [
+        *CASES[:4],
+        (8, 1, 1, {"grads": 1, "optim": 4}, ZDATA),
+        (8, 1, 1, {"grads": 2, "optim": 2, "groups": [2, 4]}, ZDATA),
+        (4, 2, 1, {"grads": 1, "optim": 2}, MDATA),  # messages under 20000 bytes go raw
+    ],
+)
 def test_data_collective_bytes_are_the_ledgers(data, tensor, pipe, shard, policy):
-    """Per data sub-axis and kind, the predicted raw bytes of one step are the ledger's."""
+    """Per data sub-axis and kind, the predicted raw bytes of one step are the ledger's, and so
+    are the wire bytes the policy's codecs move."""
     mesh_cfg, step, state = _compiled_step(data, tensor, pipe, shard, policy)
     ledger = jaxhc.accounting.Ledger()
     with ledger:
         state, m = step(state, batch(0, size=16))
         jax.block_until_ready(m)
     got = ledger.per_axis(devices=mesh_cfg.size, by_kind=True)
-    want = defaultdict(float)
+    raw, wire = defaultdict(float), defaultdict(float)
     for c in data_collectives(mesh_cfg, 4 * Plan(CFG, mesh_cfg).layout.padded):
-        want[f"{c.axis}/{c.kind}"] += c.bytes
+        raw[f"{c.axis}/{c.kind}"] += c.bytes
+        wire[f"{c.axis}/{c.kind}"] += c.wire(policy)
     data_axes = ShardPlan.of(mesh_cfg).axes
-    seen = {k: v["raw_bytes"] for k, v in got.items() if k.split("/")[0] in data_axes}
-    seen = {k: v for k, v in seen.items() if not k.endswith("/other")}  # the loss, the norm
-    assert seen == pytest.approx(dict(want), rel=1e-12)
+    keys = [k for k in got if k.split("/")[0] in data_axes and not k.endswith("/other")]
+    assert {k: got[k]["raw_bytes"] for k in keys} == pytest.approx(dict(raw), rel=1e-12)
+    assert {k: got[k]["wire_bytes"] for k in keys} == pytest.approx(dict(wire), rel=1e-12)
+    assert all(got[k]["fallbacks"] == 0 for k in keys)
+    if policy is not ZDATA:
+        return
+    assert all(wire[k] < raw[k] / 3 for k in raw)  # zfp:8 on every data message
 
 
 def test_amsp_counts_mixed_precision_as_the_paper():
@@ -115,7 +135,8 @@ def test_jaxhc_plan_prints_the_ranked_plans_and_refuses_bad_input(capsys):
     assert "out of memory" in out[-1] and "out of memory" not in out[2]
     for argv, message in [
         (["--model", "gpt2-huge", "--mesh", "data=8"], "--model 'gpt2-huge': use a preset"),
-        (["--model", "gpt2-small", "--mesh", "data=8", "--ratio", "0"], "--ratio 0.0 must be"),
+        (["--model", "gpt2-small", "--mesh", "data=8", "--memory-gib", "0"], "--memory-gib 0.0"),
+        (["--model", "gpt2-small", "--mesh", "data=8", "--compression", "zfp7"], "unknown policy"),
         (["--model", "gpt2-xl", "--mesh", "data=8,tensor=3"], "model.n_head=25 is not divis"),
     ]:
         assert cli.main(["plan", *argv]) == 2

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 import jaxhc
 from jaxhc.model.config import MeshConfig
@@ -91,6 +93,29 @@ class ShardPlan:
         devices = np.asarray(mesh.devices)
         shape = (*self.sizes, *devices.shape[1:])
         return Mesh(devices.reshape(shape), (*self.axes, *mesh.axis_names[1:]))
+
+    def view_shape(self, mesh_cfg: MeshConfig) -> dict[str, int]:
+        """The axes and sizes of `view`'s mesh (for a launcher that runs one process per device)."""
+        return {
+            **dict(zip(self.axes, self.sizes, strict=True)),
+            "tensor": mesh_cfg.tensor,
+            "pipe": mesh_cfg.pipe,
+        }
+
+    def on_view(self, specs):
+        """PartitionSpecs (a tree of them) with "data" replaced by the view's data axis."""
+
+        def one(spec: P) -> P:
+            return P(*(self.data_axis if entry == "data" else entry for entry in spec))
+
+        return jax.tree.map(one, specs, is_leaf=lambda x: isinstance(x, P))
+
+    def mesh_coords(self, view_coords: dict[str, int]) -> dict[str, int]:
+        """A device's coordinates on the ("data", "tensor", "pipe") mesh from those on the view."""
+        d = 0
+        for a, size in zip(self.axes, self.sizes, strict=True):
+            d = d * size + int(view_coords[a])
+        return {"data": d, "tensor": view_coords["tensor"], "pipe": view_coords["pipe"]}
 
     # --- per shard ------------------------------------------------------------------------------
 

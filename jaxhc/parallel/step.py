@@ -54,15 +54,6 @@ def _global_opt(opt_state):
     return jax.tree.map(lambda x: x.reshape(1, 1, -1) if x.ndim else x, opt_state)
 
 
-def _is_spec(x) -> bool:
-    return isinstance(x, P)
-
-
-def _on_view(data, spec: P) -> P:
-    """`spec` with the mesh's "data" replaced by the view's data axis (a name or sub-axes)."""
-    return P(*(data if entry == "data" else entry for entry in spec))
-
-
 def _map(fn, mesh: Mesh, in_specs, out_specs):
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
@@ -169,13 +160,14 @@ def per_shard_train_step(
     return step
 
 
-def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy):
-    """``eval_loss(params, tokens) -> loss`` as one rank runs it (see `per_shard_train_step`)."""
+def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy, data="data"):
+    """``eval_loss(params, tokens) -> loss`` as one rank runs it (see `per_shard_train_step`);
+    `data`: the data axis (the sub-axes of `jaxhc.parallel.amsp` on its view of the mesh)."""
     policy = _policy(policy)
 
     def eval_loss(params, tokens):
-        local = _local_loss(params, tokens, model_cfg, mesh_cfg, policy)
-        return zero.psum_scalar(local, ("data", "pipe"))
+        local = _local_loss(params, tokens, model_cfg, mesh_cfg, policy, data)
+        return zero.psum_scalar(local, (*axis_tuple(data), "pipe"))
 
     return eval_loss
 
@@ -213,15 +205,16 @@ def make_train_step(
     per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy, fidelity_every)
     specs = plan.state_specs
     # With a nested data axis the program runs on a view of the mesh whose data axis is the
-    # sub-axes: the same devices in the same order, so the state's shardings are unchanged.
+    # sub-axes: the same devices in the same order, so its shardings are equivalent to the
+    # state's on `mesh` (jax takes either; a program holds shardings of one mesh only).
     view, data = plan.shard.view(mesh), plan.shard.data_axis
-    view_specs = jax.tree.map(functools.partial(_on_view, data), specs, is_leaf=_is_spec)
+    view_specs = plan.shard.on_view(specs)
     sharded = _map(per_shard, view, (view_specs, P(data)), (view_specs, METRIC_SPECS))
 
     @functools.partial(
         jax.jit,
-        in_shardings=(shardings(mesh, specs), NamedSharding(mesh, P("data"))),
-        out_shardings=(shardings(mesh, specs), shardings(mesh, METRIC_SPECS)),
+        in_shardings=(shardings(view, view_specs), NamedSharding(view, P(data))),
+        out_shardings=(shardings(view, view_specs), shardings(view, METRIC_SPECS)),
         donate_argnums=0,
     )
     def step(state, tokens):

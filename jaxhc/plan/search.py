@@ -40,9 +40,9 @@ def node_groups(mesh: MeshConfig, links: Links) -> tuple[int, ...]:
     return (per_node,) if 1 < per_node < mesh.data and mesh.data % per_node == 0 else ()
 
 
-def candidates(model: GPTConfig, mesh: MeshConfig, links: Links, memory: float, ratio=1.0):
+def candidates(model: GPTConfig, mesh: MeshConfig, links: Links, memory: float, policy=None):
     """Every plan on the node nesting, best first: those that fit in `memory` bytes per device by
-    communication time (then memory), then the rejected ones."""
+    communication time (then memory), then the rejected ones; bytes moved under `policy`."""
     groups = node_groups(mesh, links)
     flat_bytes = 4 * Plan(model, mesh).layout.padded
     out = []
@@ -54,11 +54,11 @@ def candidates(model: GPTConfig, mesh: MeshConfig, links: Links, memory: float, 
         m = dataclasses.replace(mesh, shard=shard)
         mem = state_bytes(model, m)
         colls = data_collectives(m, flat_bytes)
-        comm = sum(c.bytes for c in colls) / ratio
+        comm = sum(c.wire(policy) for c in colls)
         rejected = ""
         if mem.total > memory:
             rejected = f"out of memory: {mem.total / 2**30:.2f} GiB > {memory / 2**30:.2f} GiB"
-        out.append(Candidate(shard, mem, comm, step_time(colls, m, links, ratio), rejected))
+        out.append(Candidate(shard, mem, comm, step_time(colls, m, links, policy), rejected))
     return sorted(out, key=lambda c: (bool(c.rejected), c.comm_seconds, c.memory.total))
 
 
