@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -169,6 +170,25 @@ def test_each_collective_runs_over_its_group():
     assert got["data.0/grad"]["raw_bytes"] == 2 * (1 / 2) * (n / 4)
     assert got["data.1/param"]["raw_bytes"] == 3 * (n / 4)
     assert "data.0/param" not in got and not any(k.startswith("data/") for k in got)
+
+
+def test_a_nested_plan_moves_only_jaxhc_payloads():
+    """With the identity codec on "data" (its sub-axes take it), the compiled step of a nested
+    plan moves uint8 payloads only, but for the two scalar sums (the loss, the gradient norm)."""
+    from test_model_hlo import collectives
+
+    policy = jaxhc.Policy.from_dict({"name": "id", "min_bytes": 0, "axes": {"data": "none"}})
+    mesh_cfg = MeshConfig(8, 1, 1, 2, shard={"grads": 1, "optim": 4, "groups": [2, 4]})
+    mesh = make_mesh(mesh_cfg, jax.devices()[:8])
+    step = make_train_step(CFG, mesh_cfg, OPTIM, mesh, policy)
+    state = init_state(CFG, mesh_cfg, OPTIM, mesh, SEED)
+    found = collectives(step.lower(state, batch(0, size=16)).compile().as_text())
+    assert {"all-to-all", "all-gather"} <= {op for op, _ in found}
+    others = [(op, t) for op, t in found if set(re.findall(r"(\w+)\[", t)) != {"u8"}]
+    # Over the same devices here (tensor = pipe = 1), XLA may combine the two into one.
+    assert {op for op, _ in others} == {"all-reduce"}, others
+    scalars = [re.findall(r"\w+\[[^\]]*\]", t) for _, t in others]
+    assert all(set(x) == {"f32[]"} for x in scalars) and sum(map(len, scalars)) == 2, others
 
 
 # --- checkpoints -------------------------------------------------------------------------------
