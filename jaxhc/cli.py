@@ -1,9 +1,10 @@
-"""`jaxhc` command line: train, report and sweep.
+"""`jaxhc` command line: train, report, sweep and plan.
 
     jaxhc train --config configs/experiments/default.yaml --compression zhybrid \
         --mesh data=2,tensor=2,pipe=2 --steps 200 --out runs/zhybrid model.n_layer=4
     jaxhc report runs/* --out runs/report
     jaxhc sweep configs/experiments/hybrid-sweep.yaml
+    jaxhc plan --model gpt2-xl --mesh data=64 --node-devices 8 --memory-gib 24
 """
 
 from __future__ import annotations
@@ -153,6 +154,37 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _plan_parser(sub) -> None:
+    p = sub.add_parser(
+        "plan", help="rank sharding plans by communication time under a memory limit"
+    )
+    p.add_argument("--model", required=True, help="gpt2-small/medium/large/xl or a model YAML")
+    p.add_argument("--mesh", required=True, help="e.g. data=64,tensor=1,pipe=1")
+    p.add_argument("--node-devices", type=int, default=8, help="devices per node (default 8)")
+    p.add_argument("--memory-gib", type=float, default=80.0, help="memory per device (GiB)")
+    p.add_argument("--intra-gbps", type=float, default=150.0, help="intra-node GB/s per device")
+    p.add_argument("--inter-gbps", type=float, default=12.5, help="inter-node GB/s per device")
+    p.add_argument("--compression", help="policy (preset or YAML) the data traffic moves under")
+
+
+def cmd_plan(args) -> int:
+    import dataclasses
+
+    from jaxhc.model.config import MeshConfig
+    from jaxhc.plan import Links, candidates, load_model, table
+    from jaxhc.train.config import parse_mesh
+
+    for key in ("node_devices", "memory_gib", "intra_gbps", "inter_gbps"):
+        if not getattr(args, key) > 0:
+            raise ValueError(f"--{key.replace('_', '-')} {getattr(args, key)} must be > 0")
+    mesh = dataclasses.replace(MeshConfig(), **parse_mesh(args.mesh))
+    links = Links(args.node_devices, args.intra_gbps * 1e9, args.inter_gbps * 1e9)
+    memory = args.memory_gib * 2**30
+    rows = candidates(load_model(args.model), mesh, links, memory, args.compression)
+    print(table(rows))
+    return 0
+
+
 def _finished(run_dir: str, cfg) -> bool:
     from jaxhc.train.checkpoint import Checkpoints
 
@@ -174,15 +206,19 @@ def main(argv=None) -> int:
     sp.add_argument("--no-progress", action="store_true")
     sp.add_argument("--log-every", type=int, help=LOG_EVERY_HELP)
     sp.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
+    _plan_parser(sub)
     # Overrides may sit between options (argparse stops a "*" positional at the first option).
     args, extra = ap.parse_known_args(argv)
-    stray = [e for e in extra if e.startswith("-") or "=" not in e or args.command == "report"]
+    stray = [
+        e for e in extra if e.startswith("-") or "=" not in e or args.command in ("report", "plan")
+    ]
     if stray:
         ap.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
     try:
-        return {"train": cmd_train, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)
+        commands = {"train": cmd_train, "report": cmd_report, "sweep": cmd_sweep, "plan": cmd_plan}
+        return commands[args.command](args)
     except (ValueError, FileNotFoundError) as e:
         print(f"jaxhc {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -35,7 +35,9 @@ zero forever, so asking for it there is a configuration error rather than silent
 A codec entry is a spec string (``"zfp:8"``, ``"zfp:8:d3"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` =
 the identity codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:,
 dims: (zfp's block layout, 1..3), block:, stochastic: (q8/q4 rounding), seed:, budget:, dim:}``,
-or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``.
+or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``, but
+for the sub-axes ``data.0``, ``data.1``, ... of a nested data axis (`jaxhc.parallel.amsp`), which
+take the entry of ``data`` unless they have their own (e.g. a lighter codec inside a node).
 """
 
 from __future__ import annotations
@@ -125,19 +127,27 @@ class Policy:
         if kind is not None and kind not in KINDS:
             raise ValueError(f"unknown traffic kind {kind!r}: use one of {', '.join(KINDS)}")
         names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
-        table = dict(self.axes)
         chosen = []
         for a in names:
-            codec, key = table[a].choose(kind, dtype) if a in table else (None, "")
-            chosen.append((codec, f"axes.{a}{key}"))
+            entry, name = self._entry(a)
+            codec, key = entry.choose(kind, dtype) if entry else (None, "")
+            chosen.append((codec, f"axes.{name}{key}"))
         return max(chosen, key=lambda c: _fidelity(c[0])) if chosen else (None, "axes")
+
+    def _entry(self, axis: str) -> tuple[AxisPolicy | None, str]:
+        """The entry of mesh axis `axis` and its key: a sub-axis ``data.<i>`` of a nested data
+        axis (`jaxhc.parallel.amsp`) without an entry of its own takes the one of ``data``."""
+        table = dict(self.axes)
+        if axis not in table and isinstance(axis, str) and "." in axis:
+            axis = axis.split(".")[0]
+        return table.get(axis), axis
 
     def error_feedback(self, axis_name) -> bool:
         """Whether ``grad`` traffic over `axis_name` (a name or tuple) carries error feedback: some
         listed axis asks for it and the chosen grad codec is lossy."""
         names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
-        table = dict(self.axes)
-        asked = any(table[a].error_feedback for a in names if a in table)
+        entries = [self._entry(a)[0] for a in names]
+        asked = any(e.error_feedback for e in entries if e)
         codec = self.codec_for(axis_name, "grad", jnp.float32)  # the trainer's gradients
         return asked and codec is not None and not codec.lossless
 

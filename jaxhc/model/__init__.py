@@ -9,7 +9,16 @@ from jaxhc.model import gpt as gpt
 from jaxhc.model.config import GPTConfig as GPTConfig
 from jaxhc.model.config import MeshConfig as MeshConfig
 from jaxhc.model.config import OptimConfig as OptimConfig
+from jaxhc.model.config import ShardConfig as ShardConfig
 from jaxhc.model.config import validate as validate
 from jaxhc.model.hf import from_hf_gpt2 as from_hf_gpt2
 
-__all__ = ["GPTConfig", "MeshConfig", "OptimConfig", "from_hf_gpt2", "gpt", "validate"]
+__all__ = [
+    "GPTConfig",
+    "MeshConfig",
+    "OptimConfig",
+    "ShardConfig",
+    "from_hf_gpt2",
+    "gpt",
+    "validate",
+]

@@ -53,17 +53,114 @@ class GPTConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardConfig:
+    """How parameters, gradients and optimizer state are split over the "data" axis (AMSP).
+
+    ``params``, ``grads``, ``optim``: the size of the group of data ranks that shares one copy of
+    each (1: every rank holds all of it; ``mesh.data``: each rank 1/data of it). Unset: ``optim``
+    = data, ``grads`` = optim, ``params`` = 1, which is jaxhc's ZeRO (gradients reduce-scattered,
+    the optimizer state split over the whole data axis). ``groups``: the nested group sizes of the
+    data axis (innermost first; a device's neighbours in a node before other nodes) along which
+    gradients are reduced, a group before the next: every plan on the same groups reduces in the
+    same order, so its losses are the same bit for bit. Unset: the plan's own sizes.
+    """
+
+    params: int | None = None
+    grads: int | None = None
+    optim: int | None = None
+    groups: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        for key in ("params", "grads", "optim"):
+            if getattr(self, key) is not None:
+                whole_number(f"mesh.shard.{key}", getattr(self, key))
+        if self.groups is not None:
+            if not isinstance(self.groups, (list, tuple)):
+                raise ValueError(f"mesh.shard.groups={self.groups!r} must be a list of sizes")
+            for g in self.groups:
+                whole_number("mesh.shard.groups", g)
+            object.__setattr__(self, "groups", tuple(self.groups))
+
+    def resolve(self, data: int) -> tuple[int, int, int, tuple[int, ...]]:
+        """(params, grads, optim, levels) on a data axis of `data` ranks, or a one-line error
+        naming the rule a size breaks. `levels`: the group sizes the reduction nests over,
+        innermost first, ending with `data`.
+
+        >>> ShardConfig(grads=2, optim=4).resolve(8)
+        Traceback (most recent call last):
+        ValueError: mesh.shard.grads=2 must equal mesh.shard.params=1 or mesh.shard.optim=4 (AMSP)
+        """
+        optim = data if self.optim is None else self.optim
+        grads = optim if self.grads is None else self.grads
+        params = 1 if self.params is None else self.params
+        sizes = {"params": params, "grads": grads, "optim": optim}
+        for key in ("optim", "grads", "params"):  # a default follows optim: name optim first
+            size = sizes[key]
+            if data % size:
+                raise ValueError(f"mesh.shard.{key}={size} does not divide mesh.data={data}")
+        for low, high in (("params", "grads"), ("grads", "optim")):
+            if sizes[high] % sizes[low]:
+                raise ValueError(
+                    f"mesh.shard.{low}={sizes[low]} must divide mesh.shard.{high}={sizes[high]} "
+                    "(AMSP: params <= grads <= optim, each dividing the next)"
+                )
+        if grads not in (params, optim):
+            raise ValueError(
+                f"mesh.shard.grads={grads} must equal mesh.shard.params={params} or "
+                f"mesh.shard.optim={optim} (AMSP)"
+            )
+        if params > 1:
+            raise ValueError(
+                f"mesh.shard.params={params}: sharded parameters (ZeRO-3) are not implemented "
+                "yet; use 1"
+            )
+        if self.groups is None:
+            levels = sorted({s for s in sizes.values() if 1 < s < data})
+        else:
+            levels = list(self.groups)
+            for low, high in zip([1, *levels], [*levels, data], strict=True):
+                if high % low or high == low:
+                    raise ValueError(
+                        f"mesh.shard.groups={list(self.groups)}: each size must be a proper "
+                        f"divisor of the next and of mesh.data={data}"
+                    )
+            for key in ("optim", "grads", "params"):
+                size = sizes[key]
+                if size not in (1, data, *levels):
+                    raise ValueError(
+                        f"mesh.shard.{key}={size} is not 1, mesh.data={data} or one of "
+                        f"mesh.shard.groups={list(self.groups)}"
+                    )
+        return params, grads, optim, (*levels, data)
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Devices along each mesh axis and the pipeline's micro-batches per step."""
+    """Devices along each mesh axis, the pipeline's micro-batches per step, and how the
+    parameters, gradients and optimizer state are split over "data" (`ShardConfig`)."""
 
     data: int = 1
     tensor: int = 1
     pipe: int = 1
     microbatches: int = 1
+    shard: ShardConfig = ShardConfig()
 
     def __post_init__(self):
         for key in (*AXES, "microbatches"):
             whole_number(f"mesh.{key}", getattr(self, key))
+        shard = self.shard
+        if isinstance(shard, dict):
+            fields = {f.name for f in dataclasses.fields(ShardConfig)}
+            for key in shard:
+                if key not in fields:
+                    raise ValueError(f"unknown config key mesh.shard.{key}")
+            shard = ShardConfig(**shard)
+        elif shard is None:
+            shard = ShardConfig()
+        elif not isinstance(shard, ShardConfig):
+            raise ValueError(f"mesh.shard={shard!r} must be a mapping (params, grads, optim)")
+        object.__setattr__(self, "shard", shard)
+        shard.resolve(self.data)  # a one-line error now rather than at the first step
 
     @property
     def shape(self) -> tuple[int, int, int]:

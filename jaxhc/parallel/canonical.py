@@ -1,8 +1,11 @@
 """The checkpoint layout of a train state: global arrays that no mesh shape enters.
 
 A mesh holds its train state in mesh-dependent shapes (`jaxhc.parallel.state`): the optimizer's
-moments and master copy as one padded flat vector per (pipe, tensor) rank, split over "data"
-(ZeRO-1), and error-feedback residuals as one padded flat vector per device. The canonical form
+moments and master copy as one padded flat vector per (pipe, tensor) rank, split over the
+optimizer-state group of the sharding plan (`jaxhc.parallel.amsp`; ZeRO: all of "data") and
+replicated over the groups (the first replica writes), and error-feedback residuals as one padded
+flat vector per device. No plan enters the canonical form: a state saved under one plan resumes
+under any other. The canonical form
 names one array per quantity and parameter, in the parameter's global (single-layout) shape:
 
 * ``params/<path>``: the parameter, as `jaxhc.model.gpt` lays it out;
@@ -177,9 +180,11 @@ class Canonical:
                 owner = _blocks.owns_block(self.param_specs[i], len(box), coords, self.mesh_shape)
                 out.append(Piece(name, leaf, 0, box, owner))
             else:
-                lo, hi = (d * layout.chunk, (d + 1) * layout.chunk)
+                size = layout.padded // self.plan.shard.optim
+                index, first = self.plan.shard.optim_chunk(d)
+                lo, hi = index * size, (index + 1) * size
                 if kind == "residual":  # every device holds its whole padded vector
-                    lo, hi = 0, layout.padded
+                    lo, hi, first = 0, layout.padded, True
                 for i, p in enumerate(self.param_names):
                     a, b = max(lo, self.starts[i]), min(hi, layout.ends[i])
                     if a >= b:
@@ -198,11 +203,8 @@ class Canonical:
                         if kind == "residual":
                             box = (slice(d, d + 1), *box)
                         size = math.prod(s.stop - s.start for s in box)
-                        out.append(
-                            Piece(
-                                f"{name}/{p}", leaf, int(offset - lo), box, self._owner(i, coords)
-                            )
-                        )
+                        owner = first and self._owner(i, coords)
+                        out.append(Piece(f"{name}/{p}", leaf, int(offset - lo), box, owner))
                         offset += size
         return out
 

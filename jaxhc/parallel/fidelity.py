@@ -34,10 +34,13 @@ def not_sampled() -> dict:
     return {k: jnp.float32(jnp.nan) for k in METRICS}
 
 
-def compare(g: jax.Array, exact: jax.Array, layout: FlatLayout) -> dict:
-    """grad_rel_err and grad_cos of every rank's chunk `g` against `exact` (per shard)."""
+def compare(g: jax.Array, exact: jax.Array, layout: FlatLayout, start=None, shard=None) -> dict:
+    """grad_rel_err and grad_cos of every rank's finest chunk `g` (which starts at `start`;
+    default: the ZeRO chunk of its data rank) against `exact` (per shard); `shard`: the plan of
+    `jaxhc.parallel.amsp` whose data axes the sums run over (default: "data")."""
     owned = layout.owned(jaxhc.axis_index("tensor"), jaxhc.axis_index("pipe"))
-    mine = layout.per_element(owned, zero.chunk_start(layout), layout.chunk)
+    start = zero.chunk_start(layout) if start is None else start
+    mine = layout.per_element(owned, start, layout.chunk)
     g, exact = (jnp.where(mine, v, 0.0).astype(jnp.float32) for v in (g, exact))
     sums = jnp.stack(
         [
@@ -47,7 +50,7 @@ def compare(g: jax.Array, exact: jax.Array, layout: FlatLayout) -> dict:
             jnp.sum(jnp.square(g)),
         ]
     )
-    diff, ee, ge, gg = zero.psum_scalar(sums, zero.ALL_AXES)
+    diff, ee, ge, gg = zero.psum_scalar(sums, zero.all_axes(shard))
     return {"grad_rel_err": jnp.sqrt(diff / ee), "grad_cos": ge / jnp.sqrt(gg * ee)}
 
 
@@ -55,18 +58,20 @@ def sample(
     step: jax.Array,
     every: int,
     g: jax.Array,
+    start,
     local_grads,
     exact_chunk: Callable,
     layout: FlatLayout,
+    shard=None,
 ) -> dict:
-    """On steps divisible by `every` (> 0), `compare(g, exact_chunk(local_grads))`; NaN
-    otherwise. The predicate is the replicated step, the same on every rank, as the collectives
-    inside the branch need."""
+    """On steps divisible by `every` (> 0), `compare(g, exact_chunk(local_grads), ...)` on the
+    finest chunks (starting at `start`); NaN otherwise. The predicate is the replicated step,
+    the same on every rank, as the collectives inside the branch need."""
     if every <= 0:
         return not_sampled()
 
     def measure():
         with accounting.disabled():
-            return compare(g, exact_chunk(local_grads), layout)
+            return compare(g, exact_chunk(local_grads), layout, start, shard)
 
     return lax.cond(step % every == 0, measure, not_sampled)

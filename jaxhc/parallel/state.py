@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 from jaxhc.model import gpt
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.parallel import zero
+from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout, param_specs
 from jaxhc.policy import Policy
 
@@ -29,11 +30,14 @@ class TrainState:
     params:    the single-layout parameter tree (see `jaxhc.model.gpt`), sharded as in
                `jaxhc.parallel.layout`.
     opt_state: {"adam": optax AdamW state, "master": the exact parameters}; the moments and the
-               master copy have shape (pipe, tensor, padded local parameter count) and are split
-               over "data" (ZeRO-1); AdamW's count is a replicated scalar. Under a policy with
-               error feedback on "data" also "residual": what the grad codec has not yet delivered
-               of each device's flattened gradients, shape (pipe, tensor, data x padded local
-               count), one padded vector per device (see `jaxhc.psum_scatter` ``residual=``).
+               master copy have shape (pipe, tensor, data x optimizer-state chunk): one chunk per
+               device, split over "data"; the chunk is 1/mesh.shard.optim of the padded local
+               parameter count, the same on the replicas of an optimizer-state group (ZeRO: one
+               group, each device its own 1/data); AdamW's count is a replicated scalar. Under a
+               policy with error feedback on "data" also "residual": what the grad codec has not
+               yet delivered of each device's flattened gradients, shape (pipe, tensor,
+               data x padded local count), one padded vector per device (see
+               `jaxhc.psum_scatter` ``residual=``).
     """
 
     step: jax.Array
@@ -50,9 +54,16 @@ class Plan:
         self.param_shapes = jax.eval_shape(functools.partial(gpt.init_params, model_cfg), 0)
         self.param_specs = param_specs(self.param_shapes)
         self.layout = FlatLayout(self.param_shapes, mesh_cfg)
+        self.shard = ShardPlan.of(mesh_cfg)
         self.error_feedback = error_feedback(policy, mesh_cfg)
+        if self.error_feedback and not self.shard.flat:
+            raise ValueError(
+                f"policy {Policy.load(policy).name}: axes.data.error_feedback needs a one-level "
+                f"data axis, but mesh.shard nests it in groups {self.shard.sizes[::-1]}"
+            )
         if optim_cfg is not None:
-            chunk = jax.ShapeDtypeStruct((self.layout.chunk,), jnp.float32)
+            size = self.layout.padded // self.shard.optim
+            chunk = jax.ShapeDtypeStruct((size,), jnp.float32)
             self.opt_local = jax.eval_shape(functools.partial(zero.init_chunk, optim_cfg), chunk)
             if self.error_feedback:
                 flat = jax.ShapeDtypeStruct((self.layout.padded,), jnp.float32)

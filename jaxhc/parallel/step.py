@@ -9,7 +9,9 @@ functions. Every cross-device byte goes through jaxhc's collectives under the po
 * "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and `jaxhc.psum` of
   the gradients of ``wte``, ``wpe`` and ``ln_f``, which every stage holds (``kind="grad"``);
 * "data": `jaxhc.psum_scatter` of gradients (``kind="grad"``), `jaxhc.all_gather` of updated
-  parameters (``kind="param"``);
+  parameters (``kind="param"``); under a sharding plan that nests the data axis
+  (`jaxhc.parallel.amsp`), level by level over its sub-axes, and the reduced gradient chunks
+  all-gathered (``kind="grad"``) over the sub-axes outside the plan's gradient group;
 * two plain scalar sums, also through jaxhc so the ledger counts them (kind "other"): the loss over
   ("data", "pipe") and the squared gradient norm over all axes.
 
@@ -28,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxhc
+from jaxhc._compat import axis_tuple
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.model.tensor_parallel import TensorParallel
@@ -77,10 +80,11 @@ def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, policy, last_
     return lax.cond(stage == stages - 1, last_stage_fn, lambda _: zeros, hidden)
 
 
-def _local_loss(params, tokens, cfg, mesh_cfg, policy):
-    """This rank's share of the global mean loss: the sum of its token losses over all tokens."""
+def _local_loss(params, tokens, cfg, mesh_cfg, policy, data="data"):
+    """This rank's share of the global mean loss: the sum of its token losses over all tokens.
+    `data`: the data axis (a name or the sub-axes of `jaxhc.parallel.amsp`)."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    total = tokens.shape[0] * jaxhc.axis_size("data") * targets.shape[1]
+    total = tokens.shape[0] * jaxhc.axis_size(data) * targets.shape[1]
 
     def loss_sum(hidden):
         logits = gpt.head(params, hidden, cfg)
@@ -89,11 +93,11 @@ def _local_loss(params, tokens, cfg, mesh_cfg, policy):
     return _forward(params, inputs, cfg, mesh_cfg, policy, loss_sum)
 
 
-def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
+def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, policy, data="data"):
     """Global loss (every rank) and this rank's gradients of its own copy of the parameters."""
-    objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, policy=policy)
+    objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, policy=policy, data=data)
     local, grads = jax.value_and_grad(objective)(params, tokens)
-    return zero.psum_scalar(local, ("data", "pipe")), grads
+    return zero.psum_scalar(local, (*axis_tuple(data), "pipe")), grads
 
 
 def _sum_shared(grads, policy):
@@ -130,19 +134,26 @@ def per_shard_train_step(
     """
     policy = _policy(policy)
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
+    shard, layout = plan.shard, plan.layout
 
     def exact_chunk(local_grads):
-        return zero.reduce_gradients(_sum_shared(local_grads, None), plan.layout, None)
+        exact = zero.reduce_gradients(_sum_shared(local_grads, None), layout, None, shard=shard)
+        return zero.finest(exact, layout, shard)[0]
 
     def step(state: TrainState, tokens):
         params = state.params
-        loss, local = _local_loss_and_grads(params, tokens, model_cfg, mesh_cfg, policy)
+        loss, local = _local_loss_and_grads(
+            params, tokens, model_cfg, mesh_cfg, policy, shard.data_axis
+        )
         grads = _sum_shared(local, policy)
         before = _local_opt(state.opt_state)
-        g, opt_state = zero.reduce(grads, before, plan.layout, policy)
-        observed = fidelity.sample(state.step, fidelity_every, g, local, exact_chunk, plan.layout)
+        g, opt_state = zero.reduce(grads, before, layout, policy, shard)
+        chunk, start = zero.finest(g, layout, shard)
+        observed = fidelity.sample(
+            state.step, fidelity_every, chunk, start, local, exact_chunk, layout, shard
+        )
         params, opt_state, grad_norm, lr = zero.update(
-            params, opt_state, g, state.step, plan.layout, optim_cfg, policy, before
+            params, opt_state, g, state.step, layout, optim_cfg, policy, shard, before
         )
         new = TrainState(state.step + 1, params, _global_opt(opt_state))
         skipped = jnp.logical_not(jnp.isfinite(grad_norm))  # zero.update left the state as it was
@@ -151,13 +162,14 @@ def per_shard_train_step(
     return step
 
 
-def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy):
-    """``eval_loss(params, tokens) -> loss`` as one rank runs it (see `per_shard_train_step`)."""
+def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy, data="data"):
+    """``eval_loss(params, tokens) -> loss`` as one rank runs it (see `per_shard_train_step`);
+    `data`: the data axis (the sub-axes of `jaxhc.parallel.amsp` on its view of the mesh)."""
     policy = _policy(policy)
 
     def eval_loss(params, tokens):
-        local = _local_loss(params, tokens, model_cfg, mesh_cfg, policy)
-        return zero.psum_scalar(local, ("data", "pipe"))
+        local = _local_loss(params, tokens, model_cfg, mesh_cfg, policy, data)
+        return zero.psum_scalar(local, (*axis_tuple(data), "pipe"))
 
     return eval_loss
 
@@ -195,12 +207,17 @@ def make_train_step(
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, _policy(policy))
     per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy, fidelity_every)
     specs = plan.state_specs
-    sharded = _map(per_shard, mesh, (specs, P("data")), (specs, METRIC_SPECS))
+    # With a nested data axis the program runs on a view of the mesh whose data axis is the
+    # sub-axes: the same devices in the same order, so its shardings are equivalent to the
+    # state's on `mesh` (jax takes either; a program holds shardings of one mesh only).
+    view, data = plan.shard.view(mesh), plan.shard.data_axis
+    view_specs = plan.shard.on_view(specs)
+    sharded = _map(per_shard, view, (view_specs, P(data)), (view_specs, METRIC_SPECS))
 
     @functools.partial(
         jax.jit,
-        in_shardings=(shardings(mesh, specs), NamedSharding(mesh, P("data"))),
-        out_shardings=(shardings(mesh, specs), shardings(mesh, METRIC_SPECS)),
+        in_shardings=(shardings(view, view_specs), NamedSharding(view, P(data))),
+        out_shardings=(shardings(view, view_specs), shardings(view, METRIC_SPECS)),
         donate_argnums=0,
     )
     def step(state, tokens):

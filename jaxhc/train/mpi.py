@@ -27,7 +27,6 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxhc.launch import Launcher, _blocks
-from jaxhc.model.config import AXES
 from jaxhc.parallel import (
     METRIC_SPECS,
     TrainState,
@@ -35,6 +34,7 @@ from jaxhc.parallel import (
     per_shard_eval_loss,
     per_shard_train_step,
 )
+from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.state import Plan
 from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Group, all_finite
@@ -110,11 +110,15 @@ class MpiRunner(Runner):
 
     def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
-        mesh_shape = dict(zip(AXES, cfg.mesh.shape, strict=True))
-        self.launcher = Launcher(mesh_shape, "mpi")
+        # The processes form the mesh the step runs on: "data" nested into the sharding plan's
+        # sub-axes (`jaxhc.parallel.amsp`; the same ranks in the same order), and blocks are
+        # placed with the specs on it; checkpoints name devices by ("data", "tensor", "pipe").
+        shard = ShardPlan.of(cfg.mesh)
+        self.mesh_shape = shard.view_shape(cfg.mesh)
+        self.launcher = Launcher(self.mesh_shape, "mpi")
         grid = self.launcher.grid
-        self.comm, self.mesh_shape = grid.control, mesh_shape
-        self.coords = grid.coords
+        self.comm = grid.control
+        self.coords = shard.mesh_coords(grid.coords)
         self.writer = grid.rank == 0
         self.group = MpiGroup(self.comm)
         self.all_coords = self.comm.allgather(grid.coords)
@@ -123,16 +127,17 @@ class MpiRunner(Runner):
 
         self.policy = policy = Policy.load(cfg.compression)
         self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
-        self.specs = self.plan.state_specs
+        self.specs = shard.on_view(self.plan.state_specs)
+        self.rows = P(shard.data_axis)
         self._step = self.launcher.shard_map(
             per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy, cfg.train.fidelity_every),
-            in_specs=(self.specs, P("data")),
+            in_specs=(self.specs, self.rows),
             out_specs=(self.specs, METRIC_SPECS),
             donate_argnums=0,  # the state is updated in place, as the XLA loop's is
         )
         self._eval = self.launcher.shard_map(
-            per_shard_eval_loss(cfg.model, cfg.mesh, policy),
-            in_specs=(self.specs.params, P("data")),
+            per_shard_eval_loss(cfg.model, cfg.mesh, policy, shard.data_axis),
+            in_specs=(self.specs.params, self.rows),
             out_specs=P(),
         )
 
@@ -179,12 +184,12 @@ class MpiRunner(Runner):
         return _blocks.map_specs(one, self.specs, tree)
 
     def step(self, state, tokens):
-        rows = self.launcher.put(tokens, P("data"))
+        rows = self.launcher.put(tokens, self.rows)
         state, metrics = self._step(state, rows)
         return state, jax.device_get(metrics)
 
     def eval_loss(self, params, tokens):
-        return float(self._eval(params, self.launcher.put(tokens, P("data"))))
+        return float(self._eval(params, self.launcher.put(tokens, self.rows)))
 
     def step_stats(self, ledger, seconds):
         # Each rank's ledger counts its own device; the XLA loop reports the mean over devices,

@@ -1,0 +1,105 @@
+"""Per-device bytes and time of a step's data-parallel collectives under a sharding plan.
+
+The train step (`jaxhc.parallel.zero`) reduce-scatters the flat gradient vector (n bytes) level
+by level, innermost first: over a level of k ranks (k - 1) / k x n, after which n shrinks k-fold;
+it all-gathers the reduced chunk back over the levels outside the gradient group, outermost first
+((k - 1) x n per level, n growing k-fold), and then the updated optimizer-state chunk (c bytes)
+over the optimizer-state group's levels, outermost first ((k - 1) x c). These are the bytes a
+ring collective moves per device, which the ledger records as ``raw_bytes`` (tests/test_plan.py
+checks them per sub-axis and kind); under a policy, `Collective.wire` gives the bytes jaxhc's
+compressed algorithms move (the ledger's ``wire_bytes``, also checked).
+
+A collective's time is its bytes over the bandwidth of the links it crosses: a level whose group
+(with the tensor and pipe ranks inside it: the mesh is data-major) fits in a node uses the
+intra-node bandwidth, a larger one the inter-node bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxhc.collectives import _common as c
+from jaxhc.model.config import MeshConfig
+from jaxhc.parallel.amsp import ShardPlan
+from jaxhc.policy import Policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of a step on one device: where, what, how many bytes (raw, ring)."""
+
+    axis: str  # the data sub-axis
+    kind: str  # "grad" or "param"
+    op: str  # "psum_scatter" or "all_gather"
+    ranks: int  # its participants
+    group: int  # the data ranks of the group this level closes (its size times the inner ones)
+    bytes: float
+    message: int  # the float32 values this device passes in
+
+    def wire(self, policy=None) -> float:
+        """The bytes it moves under `policy` (a Policy, preset or YAML path; None: raw), as
+        jaxhc's algorithms on the XLA transport move them: the codec's static payload per row or
+        block (padded rows included) and the agreement flags of a codec that may fall back."""
+        if policy is None:
+            return self.bytes
+        x = jax.ShapeDtypeStruct((self.message,), jnp.float32)
+        codec = c.resolve(x, self.axis, None, Policy.load(policy), self.kind)
+        if codec is None:
+            return self.bytes
+        agree = c.agreement_bytes(codec, self.ranks)
+        if self.op == "all_gather":
+            return (self.ranks - 1) * codec.payload_bytes(self.message, jnp.float32) + agree
+        row = -(-self.message // self.ranks // c.ROW_MULTIPLE) * c.ROW_MULTIPLE
+        return (self.ranks - 1) * codec.payload_bytes(row, jnp.float32) + agree
+
+
+def data_collectives(mesh: MeshConfig, flat_bytes: int) -> list[Collective]:
+    """The data-axis collectives of one train step on a device whose padded flat parameter
+    vector has `flat_bytes` bytes, in the order the step runs them."""
+    shard = ShardPlan.of(mesh)
+    inner = dict.fromkeys(shard.axes, 1)
+    n = 1
+    for axis, size in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
+        n *= size
+        inner[axis] = n
+    out = []
+    n = flat_bytes  # divisible by every group size (the padding)
+    for axis, k in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
+        if k > 1:
+            bytes_ = (k - 1) / k * n
+            out.append(Collective(axis, "grad", "psum_scatter", k, inner[axis], bytes_, n // 4))
+            n //= k
+    for axis, k in zip(shard.axes, shard.sizes, strict=True):
+        if k > 1 and axis not in shard.grad_axes:
+            out.append(Collective(axis, "grad", "all_gather", k, inner[axis], (k - 1) * n, n // 4))
+            n *= k
+    m = flat_bytes // shard.optim
+    for axis in shard.optim_axes:
+        k = shard.sizes[shard.axes.index(axis)]
+        if k > 1:
+            out.append(Collective(axis, "param", "all_gather", k, inner[axis], (k - 1) * m, m // 4))
+            m *= k
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """A cluster's links: devices per node and bandwidths in bytes per second per device."""
+
+    node_devices: int
+    intra: float
+    inter: float
+
+    def bandwidth(self, mesh: MeshConfig, group: int) -> float:
+        """The bandwidth of a collective among `group` data ranks (each with its tensor x pipe
+        devices, which sit next to it)."""
+        return self.intra if group * mesh.tensor * mesh.pipe <= self.node_devices else self.inter
+
+
+def step_time(collectives: list[Collective], mesh: MeshConfig, links: Links, policy=None) -> float:
+    """Seconds the collectives take one after the other, moving their bytes under `policy` (the
+    codecs' time not counted yet)."""
+    return sum(x.wire(policy) / links.bandwidth(mesh, x.group) for x in collectives)

@@ -1,0 +1,155 @@
+"""The planner's models against what the compiled step holds and what the ledger records."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import jax
+import numpy as np
+import pytest
+from _gpt import CFG, OPTIM, SEED, batch
+
+import jaxhc
+from jaxhc import cli
+from jaxhc.model.config import MeshConfig
+from jaxhc.parallel import init_state, make_mesh, make_train_step
+from jaxhc.parallel.amsp import ShardPlan
+from jaxhc.parallel.state import Plan
+from jaxhc.plan import Links, amsp_bytes, candidates, data_collectives, state_bytes
+
+EF = jaxhc.Policy.from_dict(
+    {"name": "ef", "min_bytes": 0, "axes": {"data": {"codec": "zfp:8", "error_feedback": True}}}
+)
+CASES = [  # (data, tensor, pipe, shard, policy)
+    (8, 1, 1, {}, "none"),
+    (8, 1, 1, {"grads": 1, "optim": 4}, "none"),
+    (8, 1, 1, {"grads": 2, "optim": 2, "groups": [2, 4]}, "none"),
+    (4, 2, 1, {"optim": 1}, "none"),
+    (2, 2, 2, {"grads": 1}, EF),
+]
+
+
+def _compiled_step(data, tensor, pipe, shard, policy):
+    mesh_cfg = MeshConfig(data, tensor, pipe, 2, shard=shard)
+    mesh = make_mesh(mesh_cfg, jax.devices()[: mesh_cfg.size])
+    step = make_train_step(CFG, mesh_cfg, OPTIM, mesh, policy)
+    return mesh_cfg, step, init_state(CFG, mesh_cfg, OPTIM, mesh, SEED, policy=policy)
+
+
+@pytest.mark.parametrize("data, tensor, pipe, shard, policy", CASES)
+def test_state_bytes_are_what_the_compiled_step_takes(data, tensor, pipe, shard, policy):
+    """XLA's memory analysis of the compiled step, per device: its arguments are the state (P +
+    OS, scalars and any residual included) and this device's token rows, to the byte."""
+    mesh_cfg, step, state = _compiled_step(data, tensor, pipe, shard, policy)
+    tokens = batch(0, size=16)
+    analysis = step.lower(state, tokens).compile().memory_analysis()
+    rows = tokens.nbytes // data
+    want = state_bytes(CFG, mesh_cfg, policy)
+    assert analysis.argument_size_in_bytes == want.state + rows
+    layout = Plan(CFG, mesh_cfg).layout
+    assert want.grads == 4 * layout.padded // ShardPlan.of(mesh_cfg).grads
+
+
+ZDATA = jaxhc.Policy.from_dict({"name": "zdata", "min_bytes": 0, "axes": {"data": "zfp:8"}})
+MDATA = jaxhc.Policy.from_dict(
+    {"name": "mdata", "min_bytes": 20000, "axes": {"data": "mpc", "data.0": "q8"}}
+)
+
+
+@pytest.mark.parametrize(
+    "data, tensor, pipe, shard, policy",
+    [
+        *CASES[:4],
+        (8, 1, 1, {"grads": 1, "optim": 4}, ZDATA),
+        (8, 1, 1, {"grads": 2, "optim": 2, "groups": [2, 4]}, ZDATA),
+        (4, 2, 1, {"grads": 1, "optim": 2}, MDATA),  # messages under 20000 bytes go raw
+    ],
+)
+def test_data_collective_bytes_are_the_ledgers(data, tensor, pipe, shard, policy):
+    """Per data sub-axis and kind, the predicted raw bytes of one step are the ledger's, and so
+    are the wire bytes the policy's codecs move."""
+    mesh_cfg, step, state = _compiled_step(data, tensor, pipe, shard, policy)
+    ledger = jaxhc.accounting.Ledger()
+    with ledger:
+        state, m = step(state, batch(0, size=16))
+        jax.block_until_ready(m)
+    got = ledger.per_axis(devices=mesh_cfg.size, by_kind=True)
+    raw, wire = defaultdict(float), defaultdict(float)
+    for c in data_collectives(mesh_cfg, 4 * Plan(CFG, mesh_cfg).layout.padded):
+        raw[f"{c.axis}/{c.kind}"] += c.bytes
+        wire[f"{c.axis}/{c.kind}"] += c.wire(policy)
+    data_axes = ShardPlan.of(mesh_cfg).axes
+    keys = [k for k in got if k.split("/")[0] in data_axes and not k.endswith("/other")]
+    assert {k: got[k]["raw_bytes"] for k in keys} == pytest.approx(dict(raw), rel=1e-12)
+    assert {k: got[k]["wire_bytes"] for k in keys} == pytest.approx(dict(wire), rel=1e-12)
+    assert all(got[k]["fallbacks"] == 0 for k in keys)
+    if policy is not ZDATA:
+        return
+    assert all(wire[k] < raw[k] / 3 for k in raw)  # zfp:8 on every data message
+
+
+def test_amsp_counts_mixed_precision_as_the_paper():
+    """2 psi / s_p + 2 psi / s_g + 12 psi / s_os (AMSP's Table 1)."""
+    shard = ShardPlan.of(MeshConfig(data=8, shard={"optim": 4, "groups": [2, 4]}))
+    got = amsp_bytes(1_000_000, shard)
+    assert (got.params, got.grads, got.optim) == (2_000_000, 500_000, 3_000_000)
+
+
+LINKS = Links(node_devices=4, intra=100e9, inter=10e9)
+
+
+def test_the_search_ranks_by_time_and_rejects_what_does_not_fit():
+    mesh = MeshConfig(data=16)
+    rows = candidates(CFG, mesh, LINKS, memory=float("inf"))
+    fits = [r for r in rows if not r.rejected]
+    assert len(rows) == len(fits) == 5 + 3  # on groups of 4, and DDP, ZeRO-1/2 on a flat axis
+    times = [r.comm_seconds for r in fits]
+    assert times == sorted(times)
+    best = fits[0]  # ZeRO-2 on groups: inter-node traffic 1/4 of the flat ring's
+    assert (best.sizes, best.shard.groups) in (((1, 16, 16), (4,)), ((1, 4, 4), (4,)))
+    flat = next(r for r in rows if r.sizes == (1, 16, 16) and r.shard.groups == ())
+    assert flat.comm_bytes == best.comm_bytes and flat.comm_seconds > best.comm_seconds
+    ddp = next(r for r in rows if r.sizes == (1, 1, 1))
+    limit = ddp.memory.total - 1
+    tight = candidates(CFG, mesh, LINKS, memory=limit)
+    rejected = [r for r in tight if r.rejected]
+    assert {r.sizes for r in rejected} == {(1, 1, 1)}
+    assert all(r.rejected.startswith("out of memory:") for r in rejected)
+    assert tight[-len(rejected) :] == rejected
+
+
+def test_time_uses_the_node_links():
+    """A group of 4 data ranks with tensor = 1 fits a 4-device node; with tensor = 2 it does not."""
+    for tensor, link in ((1, LINKS.intra), (2, LINKS.inter)):
+        mesh = MeshConfig(data=8, tensor=tensor, shard={"optim": 4, "groups": [4]})
+        inner = [c for c in data_collectives(mesh, 1 << 20) if c.axis == "data.1"]
+        assert inner and all(LINKS.bandwidth(mesh, c.group) == link for c in inner)
+
+
+def test_jaxhc_plan_prints_the_ranked_plans_and_refuses_bad_input(capsys):
+    argv = ["plan", "--model", "gpt2-small", "--mesh", "data=16", "--memory-gib", "2"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| s_p | s_g | s_os | groups |") and len(out) == 2 + 8
+    assert "out of memory" in out[-1] and "out of memory" not in out[2]
+    for argv, message in [
+        (["--model", "gpt2-huge", "--mesh", "data=8"], "--model 'gpt2-huge': use a preset"),
+        (["--model", "gpt2-small", "--mesh", "data=8", "--memory-gib", "0"], "--memory-gib 0.0"),
+        (["--model", "gpt2-small", "--mesh", "data=8", "--compression", "zfp7"], "unknown policy"),
+        (["--model", "gpt2-xl", "--mesh", "data=8,tensor=3"], "model.n_head=25 is not divis"),
+    ]:
+        assert cli.main(["plan", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+def test_state_bytes_scale_with_the_plan():
+    """P stays, G and OS shrink with their group; a residual adds a padded vector."""
+    base = MeshConfig(data=8)
+    zero = state_bytes(CFG, base)
+    ddp = state_bytes(CFG, dataclasses.replace(base, shard={"optim": 1}))
+    assert zero.params == ddp.params
+    assert ddp.grads == 8 * zero.grads
+    assert ddp.optim - 8 == 8 * (zero.optim - 8)  # the two int32 scalars are not split
+    assert np.isclose(ddp.total / zero.total, (1 + 1 + 3) / (1 + (1 + 3) / 8), rtol=1e-2)
