@@ -185,10 +185,11 @@ def test_a_nested_plan_moves_only_jaxhc_payloads():
     found = collectives(step.lower(state, batch(0, size=16)).compile().as_text())
     assert {"all-to-all", "all-gather"} <= {op for op, _ in found}
     others = [(op, t) for op, t in found if set(re.findall(r"(\w+)\[", t)) != {"u8"}]
-    # Over the same devices here (tensor = pipe = 1), XLA may combine the two into one.
-    assert {op for op, _ in others} == {"all-reduce"}, others
+    # The scalars are gathered over all 8 devices and added in rank order (`zero.psum_scalar`);
+    # over the same devices here (tensor = pipe = 1), XLA may combine the two gathers into one.
+    assert {op for op, _ in others} == {"all-gather"}, others
     scalars = [re.findall(r"\w+\[[^\]]*\]", t) for _, t in others]
-    assert all(set(x) == {"f32[]"} for x in scalars) and sum(map(len, scalars)) == 2, others
+    assert all(set(x) == {"f32[8]"} for x in scalars) and sum(map(len, scalars)) == 2, others
 
 
 # --- checkpoints -------------------------------------------------------------------------------
