@@ -4,6 +4,7 @@ in a child process (the setting is process-wide and cannot be undone)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
@@ -42,7 +43,10 @@ def child(mode: str) -> dict:
     return json.loads(out.stdout)
 
 
-glibc = pytest.mark.skipif(host_memory._libc() is None, reason="the C library is not glibc")
+glibc = pytest.mark.skipif(
+    host_memory._libc() is None or not hasattr(ctypes.CDLL(None), "mallinfo2"),
+    reason="the C library is not glibc 2.33 or later (mallinfo2)",
+)
 
 
 @glibc
