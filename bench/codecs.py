@@ -11,6 +11,8 @@ through the XLA FFI inside `jax.jit`, side by side in one run with zfpy (single-
 only: it has no bfloat16) and a numpy memcpy. "1 thr" columns come from a child process pinned to
 one CPU with JAXHC_THREADS=1 (zfpy is timed there too, so "/zfpy" compares one core with one core);
 "all" columns use every thread this process may run. "all/1" is the threads' speed-up.
+Both processes reuse freed host memory (jaxhc.host_memory, as `jaxhc train` does), so an output
+buffer is not faulted in afresh on every call; --no-memory-reuse measures glibc's default instead.
 GB/s are 1e9 bytes/s of uncompressed input as given (a bfloat16 array counts 2 bytes per value),
 from the best of --repeats runs after one warm-up (the JSON keeps the median and the CPU times
 too). "ratio" is raw bytes / bytes the payload uses: rate-R ZFP stores R bits per value, so
@@ -51,6 +53,7 @@ import zfpy
 from _common import fmt, gbps, markdown_table, print_table, time_codec, timings, write_json
 from _sets import gpt_sets
 
+from jaxhc import host_memory
 from jaxhc.codecs import Codec, Mpc, Quant, Zfp
 
 ZFP_RATES = (4, 8, 16, 24)
@@ -112,6 +115,7 @@ def one_thread(args) -> list[dict]:
         cmd += ["--one-thread-child", out]
         cmd += ["--n", str(args.n), "--repeats", str(args.repeats), "--dtypes", *args.dtypes]
         cmd += ["--rates", *map(str, args.rates)]
+        cmd += ["--no-memory-reuse"] if args.no_memory_reuse else []
         subprocess.run(
             cmd,
             env={**os.environ, "JAXHC_THREADS": "1"},
@@ -287,8 +291,15 @@ def main(argv=None) -> None:
     ap.add_argument("--ratio-n", type=int, default=1 << 20, help="values per synthetic ratio set")
     ap.add_argument("--quick", action="store_true", help="1M values, 2 repeats, a smaller GPT")
     ap.add_argument("--out", help="JSON path (default bench/results/codecs[_quick].json)")
+    ap.add_argument(
+        "--no-memory-reuse",
+        action="store_true",
+        help="leave glibc's malloc as it is: each call's output is a fresh mapping, faulted in as "
+        "it is written (by default jaxhc.host_memory reuses freed memory, as `jaxhc train` does)",
+    )
     ap.add_argument("--one-thread-child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    reuse = not args.no_memory_reuse and host_memory.reuse_freed_memory()
     if args.quick:
         args.n, args.repeats, args.ratio_n = 1 << 20, 2, 1 << 16
     if args.one_thread_child:
@@ -303,6 +314,12 @@ def main(argv=None) -> None:
     notes = [
         "1 thr: one CPU, JAXHC_THREADS=1 (zfpy too); all: every thread. zfpy has no bfloat16.",
         "ratio: raw / used bytes (MPC: achieved on this random walk).",
+        "host memory: "
+        + (
+            "freed memory reused (jaxhc.host_memory), as in `jaxhc train`."
+            if reuse
+            else "glibc's default: each call's output faulted in afresh (--no-memory-reuse)."
+        ),
     ]
     tables = {}
     for key, title in (("s", "codec throughput, wall clock"), ("cpu_s", "per CPU-second")):
@@ -336,6 +353,7 @@ def main(argv=None) -> None:
             "n": args.n,
             "repeats": args.repeats,
             "ratio_n": args.ratio_n,
+            "host_memory_reuse": reuse,
             "throughput_data": "random walk (cumsum of N(0,1)) in float32, then cast",
             "throughput": records,
             "decode_sum": sums,

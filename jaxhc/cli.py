@@ -20,6 +20,10 @@ LOG_EVERY_HELP = (
     "when output is not a terminal (redirected, mpirun), print a plain progress line every N "
     "steps (default: train.eval_every)"
 )
+NO_MEMORY_REUSE_HELP = (
+    "leave glibc's malloc as it is (by default freed host memory is kept and reused, so large "
+    "XLA buffers are not faulted in afresh each step: jaxhc.host_memory)"
+)
 
 
 def host_devices(cfg, env=None) -> int:
@@ -55,6 +59,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-every", type=int, help=LOG_EVERY_HELP)
+    p.add_argument("--no-memory-reuse", action="store_true", help=NO_MEMORY_REUSE_HELP)
     p.add_argument("overrides", nargs="*", help="dotted overrides such as model.n_layer=4")
 
 
@@ -78,6 +83,13 @@ def _check_log_every(args) -> None:
         raise ValueError(f"--log-every {args.log_every} must be >= 1")
 
 
+def _reuse_memory(args) -> None:
+    if not args.no_memory_reuse:
+        from jaxhc.host_memory import reuse_freed_memory
+
+        reuse_freed_memory()
+
+
 def cmd_train(args) -> int:
     cfg = load_config(args)
     _check_log_every(args)
@@ -87,6 +99,7 @@ def cmd_train(args) -> int:
         from jaxhc.launch import init_distributed
 
         init_distributed()  # one process: nothing; several: jax.distributed (gloo on CPU)
+    _reuse_memory(args)
     out = args.out or os.path.join("runs", f"{cfg.name}-{os.path.basename(cfg.compression)}")
     progress = Progress(enabled=not args.no_progress, log_every=args.log_every)
     if cfg.transport == "mpi":
@@ -144,6 +157,7 @@ def cmd_sweep(args) -> int:
         )
         if not dirs:  # every run of a sweep has the same mesh
             set_cpu_device_count(host_devices(cfg))
+            _reuse_memory(args)
         run_dir = os.path.join(out, os.path.splitext(os.path.basename(str(policy)))[0])
         print(f"== {run_dir}", flush=True)
         resume = os.path.exists(os.path.join(run_dir, "checkpoints"))
@@ -205,6 +219,7 @@ def main(argv=None) -> int:
     sp.add_argument("--out", help="override the sweep's output directory")
     sp.add_argument("--no-progress", action="store_true")
     sp.add_argument("--log-every", type=int, help=LOG_EVERY_HELP)
+    sp.add_argument("--no-memory-reuse", action="store_true", help=NO_MEMORY_REUSE_HELP)
     sp.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     _plan_parser(sub)
     # Overrides may sit between options (argparse stops a "*" positional at the first option).

@@ -22,6 +22,7 @@
 // otherwise), which provides, besides the operations above on its own lanes (kBits wide, a
 // plane layout Planes32 or Planes16):
 //   or_andn(a, b, c) = a | (b & ~c); add_where(m, a, b) = m ? a + b : a
+//   test_where(m, a, b) = m && (a & b) != 0; lookup4(i, v0, v1, v2, v3): v_i for 0 <= i < 4
 //   shrdv(lo, hi, c): the low word of (hi:lo) >> c, 0 <= c < kBits
 //   dec_lookup(idx, st, e, len) -> next st, with e = len | x << 4 (kLuts below)
 //   funnel_count(e, len): e or len, whichever shrdv takes as len
@@ -140,41 +141,93 @@ struct Coder {
   // group test that starts one): there zfp takes the scan's position q as that one-bit, while
   // the zeros run on to the implied one-bit 3 (bit 3 of a plane is set no other way in a cut
   // code) and read the 3 - q bits past the budget by which the lane overshoots it. Each lane's
-  // last plane is corrected so as it is decoded; its position stops there.
+  // last plane is corrected so as it is decoded; later planes read zeros and decode to 0.
   template <class D, int W>
   struct Decoder {
     using DV = typename D::V;
     using DM = typename D::M;
     static constexpr int kA = W * 32 / D::kBits;
-    DV p[D::kPlaneWords], a[kA], st, pos, end;
-    DM active;
+    DV p[D::kPlaneWords], a[kA], st, pos, end, last, near;  // last = end - 1, near = end - 8
 
     static JAXHC_HD DV d(uint32_t v) { return D::set1(v); }
 
-    template <int k>
+    // Plane k. Safe: no lane can reach the budget in it (pos + 7 < end: a plane's code is at most
+    // 7 bits), so none needs the correction; returns whether plane k - 1 is safe too. Otherwise
+    // returns whether a lane has bits left.
+    template <int k, bool Safe>
     JAXHC_HD bool plane() {
       constexpr int w = D::plane_word(k), sh = D::plane_shift(k);
       DV e, len;  // e: len | x << 4
       DV next = D::dec_lookup(D::or_andn(D::template sll<1>(st), a[0], st), st, e, len);
-      DM was = active;
       DV count = D::funnel_count(e, len);
       for (int j = 0; j + 1 < kA; j++) a[j] = D::shrdv(a[j], a[j + 1], count);
       a[kA - 1] = D::srlv(a[kA - 1], len);
-      pos = D::add_where(was, pos, len);
+      pos = D::add(pos, len);
       st = next;
-      active = D::lt_s(pos, end);
-      DV x = D::template srl<4>(e);
-      DM scan = D::mand(D::mand(was, D::gt_s(pos, end)), D::eq(D::and_(x, d(8)), d(8)));
-      DV fix = D::xor_(D::sllv(d(1), D::sub(d(3), D::sub(pos, end))), d(8));
-      x = D::xor_(x, D::select(scan, fix, d(0)));
-      p[w] = D::or_(p[w], D::template sll<sh>(x));
-      return D::any(active);
+      if constexpr (!Safe) {  // x's bit 3 moves to bit 3 - (pos - end) where a scan crossed it
+        DM scan = D::test_where(D::gt_s(pos, last), e, d(8 << 4));
+        e = D::add_where(scan, e, D::lookup4(D::sub(pos, end), 0, -4 * 16, -6 * 16, -7 * 16));
+      }
+      if constexpr (sh == 0)  // p[w] |= x << sh
+        p[w] = D::or_(p[w], D::template srl<4>(e));
+      else if constexpr (sh == 4)
+        p[w] = D::or_and(p[w], e, d(0xf0));
+      else
+        p[w] = D::or_and(p[w], D::template sll<sh - 4>(e), d(0xfu << sh));
+      if constexpr (Safe)
+        return !D::any(D::gt_s(pos, near));
+      else
+        return D::any(D::lt_s(pos, end));
     }
 
+    JAXHC_HD void start(const DV* words, int maxbits) {  // words: a block's W 32-bit words
+      for (int j = 0; j + 1 < kA; j++) a[j] = D::shrdv(words[j], words[j + 1], d(9));
+      a[kA - 1] = D::template srl<9>(words[kA - 1]);
+      for (int i = 0; i < D::kPlaneWords; i++) p[i] = d(0);
+      st = d(dec_state(0)), pos = d(9);
+      end = d(static_cast<uint32_t>(maxbits)), last = d(static_cast<uint32_t>(maxbits - 1));
+      near = d(static_cast<uint32_t>(maxbits - 8));
+    }
+  };
+
+  // G decoders (groups) in lockstep, plane by plane: a group's planes are a chain of dependent
+  // lookups, and the out-of-order core overlaps the chains of different groups.
+  template <class D, int W, int G>
+  struct Decoders {
+    Decoder<D, W> g[G];
+
+    template <int k, bool Safe>
+    JAXHC_HD bool plane() {
+      bool r = Safe;
+      for (int i = 0; i < G; i++) {
+        bool b = g[i].template plane<k, Safe>();
+        r = Safe ? r & b : r | b;
+      }
+      return r;
+    }
+    // Safe planes from k on while they stay safe; returns the first plane that may not be.
     template <int k>
-    JAXHC_HD void run() {
+    JAXHC_HD int run_safe() {
       if constexpr (k >= 0)
-        if (plane<k>()) run<k - 1>();
+        if (plane<k, true>()) return run_safe<k - 1>();
+      return k - 1;
+    }
+    // Planes from k on, each plane's code once (a plane that follows a safe one is entered by
+    // the switch), until no lane has bits left.
+    JAXHC_HD void run(int maxbits) {
+      // clang-format off
+#define JAXHC_PLANE(k) case k: if (!plane<k, false>()) return; [[fallthrough]];
+      switch (maxbits >= 9 + 8 ? run_safe<31>() : 31) {
+        JAXHC_PLANE(31) JAXHC_PLANE(30) JAXHC_PLANE(29) JAXHC_PLANE(28) JAXHC_PLANE(27)
+        JAXHC_PLANE(26) JAXHC_PLANE(25) JAXHC_PLANE(24) JAXHC_PLANE(23) JAXHC_PLANE(22)
+        JAXHC_PLANE(21) JAXHC_PLANE(20) JAXHC_PLANE(19) JAXHC_PLANE(18) JAXHC_PLANE(17)
+        JAXHC_PLANE(16) JAXHC_PLANE(15) JAXHC_PLANE(14) JAXHC_PLANE(13) JAXHC_PLANE(12)
+        JAXHC_PLANE(11) JAXHC_PLANE(10) JAXHC_PLANE(9) JAXHC_PLANE(8) JAXHC_PLANE(7)
+        JAXHC_PLANE(6) JAXHC_PLANE(5) JAXHC_PLANE(4) JAXHC_PLANE(3) JAXHC_PLANE(2)
+        JAXHC_PLANE(1) case 0: plane<0, false>();
+      }
+#undef JAXHC_PLANE
+      // clang-format on
     }
   };
 
@@ -237,38 +290,42 @@ struct Coder {
     return true;
   }
 
-  // in: each lane's maxbits bits in W words (zeros past maxbits). Writes the float32 bits of the
-  // 4 values of each lane's block to f and returns true, or returns false when a block's scale
-  // factor 2^(emax - 30) is subnormal (the scalar coder decodes such a group).
-  template <int W>
+  // in: G groups' W words each (group i at in + W i), each lane's maxbits bits (zeros past
+  // maxbits). Writes the float32 bits of the 4 values of each lane's block to f (group i at
+  // f + 4 i) and returns true, or returns false when a block's scale factor 2^(emax - 30) is
+  // subnormal (the scalar coder decodes such groups).
+  template <int W, int G>
   static JAXHC_HD bool decode(const V* in, int maxbits, V* f) {
-    M nonzero = L::eq(L::and_(in[0], c(1)), c(1));
-    V ebits = L::and_(L::template srl<1>(in[0]), c(255));  // emax + 127
-    if (L::any(L::mand(nonzero, L::lt_s(ebits, c(31))))) return false;
+    M nonzero[G];
+    V ebits[G];
+    for (int i = 0; i < G; i++) {
+      nonzero[i] = L::eq(L::and_(in[W * i], c(1)), c(1));
+      ebits[i] = L::and_(L::template srl<1>(in[W * i]), c(255));  // emax + 127
+      if (L::any(L::mand(nonzero[i], L::lt_s(ebits[i], c(31))))) return false;
+    }
     using D = typename PlaneLanes<L>::type;
-    using Dec = Decoder<D, W>;
-    Dec dec;
-    typename D::V words[Dec::kA];
-    if constexpr (std::is_same_v<D, L>)
-      for (int j = 0; j < W; j++) words[j] = in[j];
-    else
-      D::template from_words<W>(in, words);
-    for (int j = 0; j + 1 < Dec::kA; j++) dec.a[j] = D::shrdv(words[j], words[j + 1], D::set1(9));
-    dec.a[Dec::kA - 1] = D::template srl<9>(words[Dec::kA - 1]);
-    for (int i = 0; i < D::kPlaneWords; i++) dec.p[i] = D::set1(0);
-    dec.st = D::set1(dec_state(0)), dec.pos = D::set1(9);
-    dec.end = D::set1(static_cast<uint32_t>(maxbits));
-    dec.active = D::lt_s(dec.pos, dec.end);
-    dec.template run<31>();
-    V u[4];
-    if constexpr (std::is_same_v<D, L>)
-      L::unplanes(dec.p, u);
-    else
-      D::unplanes(dec.p, u);
-    for (int i = 0; i < 4; i++) u[i] = L::sub(L::xor_(u[i], c(0xaaaaaaaa)), c(0xaaaaaaaa));
-    inv_lift(u);
-    V scale = L::template sll<23>(L::sub(ebits, c(30)));  // 2^(emax - 30)
-    for (int i = 0; i < 4; i++) f[i] = L::select(nonzero, L::int_scale(u[i], scale), c(0));
+    Decoders<D, W, G> dec;
+    for (int i = 0; i < G; i++) {
+      typename D::V words[Decoder<D, W>::kA];
+      if constexpr (std::is_same_v<D, L>)
+        for (int j = 0; j < W; j++) words[j] = in[W * i + j];
+      else
+        D::template from_words<W>(in + W * i, words);
+      dec.g[i].start(words, maxbits);
+    }
+    dec.run(maxbits);
+    for (int i = 0; i < G; i++) {
+      V u[4];
+      if constexpr (std::is_same_v<D, L>)
+        L::unplanes(dec.g[i].p, u);
+      else
+        D::unplanes(dec.g[i].p, u);
+      for (int t = 0; t < 4; t++) u[t] = L::sub(L::xor_(u[t], c(0xaaaaaaaa)), c(0xaaaaaaaa));
+      inv_lift(u);
+      V scale = L::template sll<23>(L::sub(ebits[i], c(30)));  // 2^(emax - 30)
+      for (int t = 0; t < 4; t++)
+        f[4 * i + t] = L::select(nonzero[i], L::int_scale(u[t], scale), c(0));
+    }
     return true;
   }
 };
@@ -326,6 +383,12 @@ struct Pair : Planes32 {
     return {L::template sra<s>(a.lo), L::template sra<s>(a.hi)};
   }
   static JAXHC_HD M mand(M a, M b) { return {L::mand(a.lo, b.lo), L::mand(a.hi, b.hi)}; }
+  static JAXHC_HD M test_where(M m, V a, V b) {
+    return {L::test_where(m.lo, a.lo, b.lo), L::test_where(m.hi, a.hi, b.hi)};
+  }
+  static JAXHC_HD V lookup4(V i, int v0, int v1, int v2, int v3) {
+    return {L::lookup4(i.lo, v0, v1, v2, v3), L::lookup4(i.hi, v0, v1, v2, v3)};
+  }
   static JAXHC_HD V add_where(M m, V a, V b) {
     return {L::add_where(m.lo, a.lo, b.lo), L::add_where(m.hi, a.hi, b.hi)};
   }
@@ -381,8 +444,8 @@ struct Pair : Planes32 {
   static JAXHC_HD void store(const V* f, float* x) {
     store_with(f, x, [](const H* v, float* p) { L::store(v, p); });
   }
-  static JAXHC_HD void store_bf16(const V* f, uint16_t* x) {
-    store_with(f, x, [](const H* v, uint16_t* p) { L::store_bf16(v, p); });
+  static JAXHC_HD void store_high_halves(const V* f, uint16_t* x) {
+    store_with(f, x, [](const H* v, uint16_t* p) { L::store_high_halves(v, p); });
   }
   static JAXHC_HD void store_f16(const V* f, uint16_t* x) {
     store_with(f, x, [](const H* v, uint16_t* p) { L::store_f16(v, p); });

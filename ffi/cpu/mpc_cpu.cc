@@ -168,6 +168,20 @@ void ForRows(size_t rows, uint64_t nchunks, Fn&& fn) {
   }
 }
 
+// A piece of the work after a row's runs are encoded: bytes copied from src to dst, or zeroed
+// (src null).
+struct Piece {
+  uint8_t* dst;
+  const uint8_t* src;
+  uint64_t bytes;
+};
+constexpr uint64_t kPieceBytes = uint64_t{1} << 20;
+
+void AddPieces(std::vector<Piece>* pieces, uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  for (uint64_t o = 0; o < bytes; o += kPieceBytes)
+    pieces->push_back({dst + o, src ? src + o : nullptr, std::min(kPieceBytes, bytes - o)});
+}
+
 template <typename U>
 int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64_t capacity,
                   uint8_t* scratch, size_t parts, bool fast) {
@@ -202,17 +216,25 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
     end += load<uint32_t>(table + 4 * c);
     store<uint32_t>(table + 4 * c, end);
   }
-  std::vector<uint64_t> start(parts + 1, 0);
-  for (size_t p = 0; p < parts; ++p) start[p + 1] = start[p] + total[p];
-  parallel_for(parts - 1, 1, [&](size_t pb, size_t pe) {
-    for (size_t p = pb + 1; p < pe + 1; ++p)
-      if (start[p] < room)
-        memcpy(payload + head + start[p], at[p], std::min(total[p], room - start[p]));
-  });
+  // The copies and the zeroing of the payload's unused tail, in pieces over every thread.
+  std::vector<Piece> pieces;
+  uint64_t start = total[0];
+  for (size_t p = 1; p < parts; start += total[p++])
+    if (start < room)
+      AddPieces(&pieces, payload + head + start, at[p], std::min(total[p], room - start));
   memset(payload + kFixedHeader + 4 * runs.nchunks, 0, head - kFixedHeader - 4 * runs.nchunks);
   const uint64_t used = head + end;
+  if (used < capacity) AddPieces(&pieces, payload + used, nullptr, capacity - used);
+  parallel_for(pieces.size(), 1, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      const Piece& c = pieces[i];
+      if (c.src)
+        memcpy(c.dst, c.src, c.bytes);
+      else
+        memset(c.dst, 0, c.bytes);
+    }
+  });
   write_header(payload, uint32_t(n), wb, dim, uint32_t(used));
-  if (used < capacity) memset(payload + used, 0, capacity - used);
   return int32_t(used);
 }
 

@@ -89,6 +89,10 @@ struct Avx2 : lanes::Planes32 {
   static bool any(M m) { return !_mm256_testz_si256(m, m); }
   static V select(M m, V a, V b) { return _mm256_blendv_epi8(b, a, m); }
   static V add_where(M m, V a, V b) { return add(a, and_(b, m)); }
+  static M test_where(M m, V a, V b) { return _mm256_andnot_si256(eq(and_(a, b), set1(0)), m); }
+  static V lookup4(V i, int v0, int v1, int v2, int v3) {
+    return _mm256_permutevar8x32_epi32(_mm256_setr_epi32(v0, v1, v2, v3, 0, 0, 0, 0), i);
+  }
   static V zero_where(M m, V a) { return _mm256_andnot_si256(m, a); }
   static __m256 ps(V a) { return _mm256_castsi256_ps(a); }
   static V si(__m256 a) { return _mm256_castps_si256(a); }
@@ -207,9 +211,9 @@ struct Avx2 : lanes::Planes32 {
     return _mm256_cvtps_ph(ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
   static V round_f16(V u) { return si(_mm256_cvtph_ps(f16(u))); }
-  static void store_bf16(const V* f, uint16_t* x) {
-    V r[4], l[4];
-    for (int i = 0; i < 4; i++) r[i] = round_bf16(f[i]);
+  // The high halves of r[i]'s lanes (block j's value i in lane j of r[i]) to 32 values.
+  static void store_high_halves(const V* r, uint16_t* x) {
+    V l[4];
     to_blocks(r, l);
     for (int k = 0; k < 2; k++) {
       V w = _mm256_packus_epi32(srl<16>(l[2 * k]), srl<16>(l[2 * k + 1]));

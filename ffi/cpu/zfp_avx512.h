@@ -4,8 +4,9 @@
 // tables, GFNI 8x8 bit transposes for the bit planes), and a group is two of them (lanes::Pair)
 // whose planes are decoded in 16-bit lanes (Avx512Words: all 32 blocks in one vector). Besides
 // the coder's operations the type moves a group's values between memory and lanes (load*/store*:
-// value i of block j to lane j of f[i], widening bfloat16/float16 and narrowing as jnp.astype
-// does) and its stream words (words32 for maxbits 32, words64 for maxbits 64).
+// value i of block j to lane j of f[i], widening bfloat16/float16 and narrowing float16 as
+// jnp.astype does; store_high_halves: the high 16 bits of each lane, a bfloat16 once rounded by
+// round_bf16) and its stream words (words32 for maxbits 32, words64 for maxbits 64).
 #pragma once
 #if defined(__x86_64__)
 // GCC 12 warns about _mm512_undefined_epi32 inside its own intrinsics (GCC bug 105593).
@@ -237,8 +238,8 @@ struct Avx512 : lanes::Planes32 {
       f[2 * i + 1] = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(t, 1)));
     }
   }
-  // Halves h[i] (16 each, one per lane) to 64 consecutive values.
-  static void store_halves(const V* h, uint16_t* x) {
+  // The high halves of h[i]'s lanes (one per lane) to 64 consecutive values.
+  static void store_high_halves(const V* h, uint16_t* x) {
     V t01 = _mm512_permutex2var_epi16(h[0], words(kHalfIdx.high), h[1]);
     V t23 = _mm512_permutex2var_epi16(h[2], words(kHalfIdx.high), h[3]);
     _mm512_storeu_si512(x, _mm512_permutex2var_epi16(t01, words(kHalfIdx.blocks[0]), t23));
@@ -261,15 +262,10 @@ struct Avx512 : lanes::Planes32 {
     return _mm512_castps_si512(_mm512_cvtph_ps(
         _mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
   }
-  static void store_bf16(const V* f, uint16_t* x) {
-    V h[4];
-    for (int i = 0; i < 4; i++) h[i] = round_bf16(f[i]);
-    store_halves(h, x);
-  }
   static void store_f16(const V* f, uint16_t* x) {
     V h[4];
     for (int i = 0; i < 4; i++) h[i] = f16_bits(f[i]);
-    store_halves(h, x);
+    store_high_halves(h, x);
   }
 
   // --- stream words ------------------------------------------------------------------------------
@@ -327,6 +323,12 @@ struct Avx512Words : lanes::Planes16 {
   static V select(M m, V a, V b) { return _mm512_mask_blend_epi16(m, b, a); }
   static V or_(V a, V b) { return _mm512_or_si512(a, b); }
   static V add_where(M m, V a, V b) { return _mm512_mask_add_epi16(a, m, a, b); }
+  static M test_where(M m, V a, V b) { return _mm512_mask_test_epi16_mask(m, a, b); }
+  static V lookup4(V i, int v0, int v1, int v2, int v3) {
+    auto two = [](int lo, int hi) { return static_cast<int>((lo & 0xffff) | (hi & 0xffff) << 16); };
+    return _mm512_permutexvar_epi16(
+        i, _mm512_setr_epi32(two(v0, v1), two(v2, v3), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+  }
 
   static V table(const void* t) { return _mm512_loadu_si512(t); }
   static V lookup256(V idx, M upper, const uint8_t* t) {  // idx's low byte into 256 entries

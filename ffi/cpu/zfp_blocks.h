@@ -144,14 +144,22 @@ inline void load_values(const T_<E>* x, typename L::V* f) {
     L::load_f16(reinterpret_cast<const uint16_t*>(x), f);
 }
 
-template <class L, Elem E>
+// NoNaN: f holds no NaN (decoded values are finite or infinite): bfloat16 rounds it for less.
+template <class L, Elem E, bool NoNaN = false>
 inline void store_values(const typename L::V* f, T_<E>* x) {
-  if constexpr (E == Elem::kF32)
+  if constexpr (E == Elem::kF32) {
     L::store(f, x);
-  else if constexpr (E == Elem::kBF16)
-    L::store_bf16(f, reinterpret_cast<uint16_t*>(x));
-  else
+  } else if constexpr (E == Elem::kBF16) {
+    using V = typename L::V;
+    V h[4];  // bfloat16 bits in the high half of each lane (rounded to nearest even)
+    for (int i = 0; i < 4; i++) {
+      V odd = L::and_(L::template srl<16>(f[i]), L::set1(1));
+      h[i] = NoNaN ? L::add(L::add(f[i], L::set1(0x7fff)), odd) : L::round_bf16(f[i]);
+    }
+    L::store_high_halves(h, reinterpret_cast<uint16_t*>(x));
+  } else {
     L::store_f16(f, reinterpret_cast<uint16_t*>(x));
+  }
 }
 
 template <class L, Elem E>
@@ -211,42 +219,55 @@ bool encode_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxb
   return ok;
 }
 
-// The float32 bits of the values of blocks [b, b + L::kLanes), lane j holding block b + j.
-template <class L, class Bits, int W>
+// The float32 bits of the values of blocks [b, b + G L::kLanes), group i (lane j holding block
+// b + i L::kLanes + j) at f + 4 i.
+template <class L, class Bits, int W, int G>
 inline void decode_group(const uint64_t* row, uint64_t nwords, uint64_t b, int maxbits,
                          typename L::V* f) {
   using V = typename L::V;
   constexpr int K = L::kLanes;
-  V a[W];
+  V a[W * G];
   if (word_blocks(W, maxbits)) {
-    if constexpr (W == 1) a[0] = L::load_words32(reinterpret_cast<const uint32_t*>(row) + b);
-    if constexpr (W == 2) L::load_words64(row + b, a);
+    for (int i = 0; i < G; i++) {
+      if constexpr (W == 1)
+        a[i] = L::load_words32(reinterpret_cast<const uint32_t*>(row) + b + K * i);
+      if constexpr (W == 2) L::load_words64(row + b + K * i, a + 2 * i);
+    }
   } else {
     alignas(64) uint32_t lane[W][K];
-    for (int j = 0; j < K; j++) {
-      uint64_t in[2] = {0, 0};
-      load_block_bits(row, nwords, b + j, maxbits, in);
-      for (int i = 0; i < 2; i++) in[i] = detail::low_bits(in[i], std::max(0, maxbits - 64 * i));
-      for (int i = 0; i < W; i++) lane[i][j] = static_cast<uint32_t>(in[i >> 1] >> (32 * (i & 1)));
+    for (int i = 0; i < G; i++) {
+      for (int j = 0; j < K; j++) {
+        uint64_t in[2] = {0, 0};
+        load_block_bits(row, nwords, b + K * i + j, maxbits, in);
+        for (int h = 0; h < 2; h++) in[h] = detail::low_bits(in[h], std::max(0, maxbits - 64 * h));
+        for (int h = 0; h < W; h++)
+          lane[h][j] = static_cast<uint32_t>(in[h >> 1] >> (32 * (h & 1)));
+      }
+      for (int h = 0; h < W; h++) std::memcpy(&a[W * i + h], lane[h], sizeof(V));
     }
-    for (int i = 0; i < W; i++) std::memcpy(&a[i], lane[i], sizeof(V));
   }
-  if (lanes::Coder<L>::template decode<W>(a, maxbits, f)) return;
+  if (lanes::Coder<L>::template decode<W, G>(a, maxbits, f)) return;
   alignas(64) float v[4 * K];
-  for (int j = 0; j < K; j++) decode_one<Bits, Elem::kF32>(row, nwords, b + j, maxbits, v + 4 * j);
-  L::load(v, f);
+  for (int i = 0; i < G; i++) {
+    for (int j = 0; j < K; j++)
+      decode_one<Bits, Elem::kF32>(row, nwords, b + K * i + j, maxbits, v + 4 * j);
+    L::load(v, f + 4 * i);
+  }
 }
 
+// Two groups at a time (their plane chains overlap); a last single group and the row's last
+// blocks take the scalar coder.
 template <class L, class Bits, int W, Elem E>
 void decode_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
                   int maxbits, T_<E>* x) {
-  constexpr int K = L::kLanes;
+  constexpr int K = 2 * L::kLanes;
   const uint64_t full = std::min(b1, n / 4);
   uint64_t b = b0;
   for (; b + K <= full; b += K) {
-    typename L::V f[4];
-    decode_group<L, Bits, W>(row, nwords, b, maxbits, f);
-    store_values<L, E>(f, x + 4 * b);
+    typename L::V f[8];
+    decode_group<L, Bits, W, 2>(row, nwords, b, maxbits, f);
+    store_values<L, E, true>(f, x + 4 * b);
+    store_values<L, E, true>(f + 4, x + 4 * (b + L::kLanes));
   }
   decode_scalar<Bits, E>(row, nwords, n, b, b1, maxbits, x);
 }
@@ -254,19 +275,20 @@ void decode_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0,
 template <class L, class Bits, int W, Elem E>
 void decode_sum_lanes(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
                       uint64_t b0, uint64_t b1, int maxbits, T_<E>* x) {
-  constexpr int K = L::kLanes;
+  constexpr int K = 2 * L::kLanes;  // two groups at a time, as decode_lanes
   const uint64_t full = std::min(b1, n / 4);
   uint64_t b = b0;
   for (; b + K <= full; b += K) {
-    typename L::V acc[4], f[4];
-    decode_group<L, Bits, W>(rows[0], nwords, b, maxbits, acc);
-    round_values<L, E>(acc);
+    typename L::V acc[8], f[8];
+    decode_group<L, Bits, W, 2>(rows[0], nwords, b, maxbits, acc);
+    round_values<L, E>(acc), round_values<L, E>(acc + 4);
     for (int p = 1; p < parts; p++) {
-      decode_group<L, Bits, W>(rows[p], nwords, b, maxbits, f);
-      round_values<L, E>(f);
-      for (int i = 0; i < 4; i++) acc[i] = L::fadd(acc[i], f[i]);
+      decode_group<L, Bits, W, 2>(rows[p], nwords, b, maxbits, f);
+      round_values<L, E>(f), round_values<L, E>(f + 4);
+      for (int i = 0; i < 8; i++) acc[i] = L::fadd(acc[i], f[i]);
     }
     store_values<L, E>(acc, x + 4 * b);
+    store_values<L, E>(acc + 4, x + 4 * (b + L::kLanes));
   }
   decode_sum_scalar<Bits, E>(rows, parts, nwords, n, b, b1, maxbits, x);
 }
