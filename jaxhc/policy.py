@@ -352,8 +352,11 @@ PRESETS: dict[str, dict] = {
     },
     "zhybrid": {"axes": {"data": "zfp:8", "tensor": _ZFP16, "pipe": _ZFP16}},
     "qhybrid": {"axes": {"data": "q8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}},
+    "q8": _all("q8"),
 }
 # The hybrids with error feedback on the data-parallel gradients.
 _EF = {"codec": "zfp", "rate": 8, "error_feedback": True}
 PRESETS["mzhybrid_ef"] = {"axes": {**PRESETS["mzhybrid"]["axes"], "data": _EF}}
 PRESETS["zhybrid_ef"] = {"axes": {**PRESETS["zhybrid"]["axes"], "data": _EF}}
+PRESETS["zfp8_ef"] = {"axes": {**PRESETS["zfp8"]["axes"], "data": _EF}}
+PRESETS["q8_ef"] = {"axes": {**PRESETS["q8"]["axes"], "data": {"codec": "q8", "error_feedback": True}}}
