@@ -2,13 +2,15 @@
 
     make bench                           # the full run: bench/results/codecs.json
     .venv/bin/python bench/codecs.py [--n 16777216] [--repeats 7] [--rates 4 8 16 24]
-        [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
+        [--nd-rates 8] [--dtypes float32 bfloat16] [--ratio-n 1048576] [--out PATH]
     .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
-Throughput (first two tables). jaxhc's ZFP at each rate, q8, q4 and MPC (dim 1, no budget) encode
-and decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
+Throughput (first two tables). jaxhc's ZFP at each rate (1-D blocks), ZFP in 2-D and 3-D blocks at
+each --nd-rates rate (`zfp:R:d2`, `zfp:R:d3`), q8, q4 and MPC (dim 1, no budget) encode and decode
+--n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
 through the XLA FFI inside `jax.jit`, side by side in one run with zfpy (single-threaded, float32
-only: it has no bfloat16) and a numpy memcpy. "1 thr" columns come from a child process pinned to
+only: it has no bfloat16; for 2-D/3-D blocks the (n/4, 4) and (n/16, 4, 4) arrays whose streams
+jaxhc's are) and a numpy memcpy. "1 thr" columns come from a child process pinned to
 one CPU with JAXHC_THREADS=1 (zfpy is timed there too, so "/zfpy" compares one core with one core);
 "all" columns use every thread this process may run. "all/1" is the threads' speed-up.
 Both processes reuse freed host memory (jaxhc.host_memory, as `jaxhc train` does), so an output
@@ -57,6 +59,7 @@ from jaxhc import host_memory
 from jaxhc.codecs import Codec, Mpc, Quant, Zfp
 
 ZFP_RATES = (4, 8, 16, 24)
+ND_RATES = (8,)
 DTYPES = ("float32", "bfloat16")
 MPC_DIMS = (1, 2, 4)
 
@@ -79,18 +82,24 @@ def bench_zfpy(x: np.ndarray, rate: float, repeats: int) -> dict:
     }
 
 
-def throughput(n: int, repeats: int, rates, dtypes, with_zfpy: bool) -> list[dict]:
-    """One record per (codec, dtype): jaxhc's timings, zfpy's for ZFP on float32, and memcpy."""
+def throughput(
+    n: int, repeats: int, rates, dtypes, with_zfpy: bool, nd_rates=ND_RATES
+) -> list[dict]:
+    """One record per (codec, dtype): jaxhc's timings, zfpy's for ZFP on float32 (2-D/3-D blocks:
+    on the array shape whose stream jaxhc's is, when n is a multiple of the block), and memcpy."""
     base = random_walk(n)
     records = []
+    nd = [Zfp(rate=r, dims=d) for r in nd_rates for d in (2, 3)]
     for dtype in dtypes:
         x_np = base.astype(jnp.dtype(dtype))
         x = jax.device_put(x_np)
-        for codec in [*(Zfp(rate=r) for r in rates), Quant(8), Quant(4), Mpc()]:
+        for codec in [*(Zfp(rate=r) for r in rates), *nd, Quant(8), Quant(4), Mpc()]:
             rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes}
             rec["jaxhc"] = time_codec(codec, x, repeats)
-            if with_zfpy and isinstance(codec, Zfp) and dtype == "float32":
-                rec["zfpy"] = bench_zfpy(x_np, codec.rate, repeats)
+            block = 4**codec.dims if isinstance(codec, Zfp) else 0
+            if with_zfpy and block and dtype == "float32" and n % block == 0:
+                shape = (-1, *(4,) * (codec.dims - 1))  # zfp's x is the last axis
+                rec["zfpy"] = bench_zfpy(x_np.reshape(shape), codec.rate, repeats)
             records.append(rec)
         dst = np.empty_like(x_np)
         copy = timings(lambda: np.copyto(dst, x_np), repeats)  # noqa: B023 - called right here
@@ -115,6 +124,7 @@ def one_thread(args) -> list[dict]:
         cmd += ["--one-thread-child", out]
         cmd += ["--n", str(args.n), "--repeats", str(args.repeats), "--dtypes", *args.dtypes]
         cmd += ["--rates", *map(str, args.rates)]
+        cmd += ["--nd-rates", *map(str, args.nd_rates)]
         cmd += ["--no-memory-reuse"] if args.no_memory_reuse else []
         subprocess.run(
             cmd,
@@ -287,6 +297,9 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=1 << 24, help="values per array (default 16M)")
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (best kept)")
     ap.add_argument("--rates", type=float, nargs="+", default=ZFP_RATES, help="ZFP rates")
+    ap.add_argument(
+        "--nd-rates", type=float, nargs="*", default=ND_RATES, help="ZFP rates in 2-D/3-D blocks"
+    )
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
     ap.add_argument("--ratio-n", type=int, default=1 << 20, help="values per synthetic ratio set")
     ap.add_argument("--quick", action="store_true", help="1M values, 2 repeats, a smaller GPT")
@@ -303,12 +316,16 @@ def main(argv=None) -> None:
     if args.quick:
         args.n, args.repeats, args.ratio_n = 1 << 20, 2, 1 << 16
     if args.one_thread_child:
-        records = throughput(args.n, args.repeats, args.rates, args.dtypes, with_zfpy=True)
+        records = throughput(
+            args.n, args.repeats, args.rates, args.dtypes, with_zfpy=True, nd_rates=args.nd_rates
+        )
         with open(args.one_thread_child, "w") as f:
             json.dump(records, f)
         return
 
-    records = throughput(args.n, args.repeats, args.rates, args.dtypes, with_zfpy=False)
+    records = throughput(
+        args.n, args.repeats, args.rates, args.dtypes, with_zfpy=False, nd_rates=args.nd_rates
+    )
     merge_one_thread(records, one_thread(args))
     what = f"{args.n} values, best of {args.repeats}, GB/s of input, {jax.devices()[0]}"
     notes = [

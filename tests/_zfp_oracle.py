@@ -12,8 +12,9 @@ from jaxhc.codecs import Zfp
 
 F32_RATES = [3, 4, 5.5, 8, 12.25, 16, 24, 32]
 F64_RATES = F32_RATES + [40, 64]
-# 2-D/3-D: rates below 3 too (zfpy writes sound streams down to 1 bit per value there).
-ND_F32_RATES = [1, 2.5, 4, 8, 12.25, 16, 32]
+# 2-D/3-D: every 1-D rate, and rates below 3 too (zfpy writes sound streams down to 1 bit per
+# value there).
+ND_F32_RATES = [1, 2.5, *F32_RATES]
 ND_F64_RATES = ND_F32_RATES + [40, 64]
 
 

@@ -129,10 +129,11 @@ def test_roundtrip_bit_exact(device, dtype, dim):
         assert (np.asarray(enc.nbytes) <= _native.cpu.mpc_max_payload_bytes(n, wb)).all()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
 def test_portable_cpu_path_writes_the_same_payloads(dtype, monkeypatch):
-    # The CPU codec has a portable build and an x86-64-v3 one (AVX2 data movements for 32-bit
-    # words, full chunks only): both must write and read the same bytes.
+    # The CPU codec has a portable build and an x86-64-v3 one (AVX2 data movements and bit
+    # transposes for 32- and 16-bit words, full chunks only): both must write and read the same
+    # bytes.
     rng = np.random.default_rng(9)
     n = 5000  # four full chunks and a partial one
     x = np.concatenate(

@@ -51,6 +51,20 @@ out["mpc_exact"] = all(
 cut = Mpc(budget=0.6 * int(payloads[0].nbytes) / x.nbytes)
 e = jax.jit(cut.encode)(x)
 out["mpc_cut"] = [bool(e.ok), digest(e.payload)]
+# Rows of mixed compressibility (random bits, then a walk; and the reverse): the runs staged in
+# the payload move by every distance, from almost none to more than their length. A budget the
+# row fits stages them in the scratch instead: the same bytes.
+noise = np.random.default_rng(5).integers(0, 2**32, 1 << 20, dtype=np.uint32).view(np.float32)
+smooth = walk(1 << 21, 6)
+out["mpc_mixed"], out["mpc_mixed_exact"] = [], True
+for m in (np.concatenate([noise, smooth[: 1 << 20]]), np.concatenate([smooth, noise[: 1 << 19]])):
+    e = jax.jit(codec.encode)(m)
+    fit = jax.jit(Mpc(budget=(int(e.nbytes) / m.nbytes + 1) / 2).encode)(m)
+    y = jax.jit(lambda p, m=m: codec.decode(p, m.shape, m.dtype))(e.payload)
+    out["mpc_mixed"].append(digest(e.payload))
+    out["mpc_mixed_exact"] &= bool(fit.ok) and np.array_equal(
+        np.asarray(fit.payload), np.asarray(e.payload)[: fit.payload.shape[0]]
+    ) and np.array_equal(np.asarray(y).view(np.uint32), m.view(np.uint32))
 # Rows of a batch (bfloat16, dim 2): each row split across threads in turn.
 rows = np.stack([walk(1 << 20, s) for s in (1, 2, 3)]).astype(jnp.bfloat16)
 b = Mpc(dim=2)
@@ -111,6 +125,8 @@ def test_mpc_same_payloads_for_every_thread_count(results):
         assert r["mpc_exact"] and r["mpc_rows_exact"], f"JAXHC_THREADS={t}: not bit-exact"
         assert r["mpc"] == [one["mpc"][0]] * 3, f"JAXHC_THREADS={t}: payloads differ"
         assert r["mpc_cut"] == [False, one["mpc_cut"][1]], f"JAXHC_THREADS={t}: budget cut"
+        assert r["mpc_mixed_exact"], f"JAXHC_THREADS={t}: mixed rows: not exact or staged apart"
+        assert r["mpc_mixed"] == one["mpc_mixed"], f"JAXHC_THREADS={t}: mixed rows differ"
         assert r["mpc_rows"] == one["mpc_rows"], f"JAXHC_THREADS={t}: batch payloads differ"
         assert r["mpc_devices_exact"], f"JAXHC_THREADS={t}: 8 handlers at once: not bit-exact"
         assert r["mpc_devices"] == one["mpc_devices"], f"JAXHC_THREADS={t}: 8 handlers at once"

@@ -9,8 +9,9 @@
 //   kSlots; first_tile(), leader(), sync(); sum(v), bit_or(v) over members; scan(v[kSlots]):
 //   exclusive prefix sums over tiles in order (wrapping), returning the total; shift(v[kSlots]):
 //   each slot takes the value of the tile before (0 for tile 0); copy(dst, src, words);
-//   delta_rows, pack, unpack, store_rows: the data movements of the same names below (a team
-//   may do them faster, with the same result); undelta(a, m, dim, x): x[i] = d[i] + x[i - dim].
+//   delta_rows, pack, unpack, store_rows: the data movements of the same names below, and
+//   transpose(a): transpose_bits of the rows (a team may do them faster, with the same result);
+//   undelta(a, m, dim, x): x[i] = d[i] + x[i - dim].
 #pragma once
 #include "core/mpc.h"
 
@@ -184,7 +185,7 @@ JAXHC_HD uint32_t encode_chunk(const Team& team, In in, uint32_t m, uint32_t dim
   const int first = team.first_tile();
   team.delta_rows(in, m, dim, r.a);  // step 1
   team.sync();
-  transpose_bits<U, S>(&r.a[0][0]);  // step 2: a[b][q] = plane b of the tile = y[tile * W + b]
+  team.transpose(r.a);  // step 2: a[b][q] = plane b of the tile = y[tile * W + b]
   // step 3: e[t] = y[t] - y[t-1]; plane 0 follows plane W-1 of the tile before
   U last[S];
   JAXHC_UNROLL
@@ -285,7 +286,7 @@ JAXHC_HD Status decode_chunk(const Team& team, const uint8_t* s, uint32_t size, 
   for (int k = 0; k < W; ++k)
     JAXHC_UNROLL
     for (int q = 0; q < S; ++q) r.a[k][q] = U(r.a[k][q] + carry[q]);
-  transpose_bits<U, S>(&r.a[0][0]);  // a[k][q] = d[tile * W + k]
+  team.transpose(r.a);  // a[k][q] = d[tile * W + k]
   // words past m were zero before step 1 (an empty slot decodes to zeros too)
   uint32_t pad = 0;
   JAXHC_UNROLL
@@ -353,6 +354,7 @@ struct SerialTeam {
   JAXHC_HD void delta_rows(In in, uint32_t m, uint32_t dim, Rows& a) const {
     mpc::delta_rows<U, kSlots>(0, in, m, dim, a);
   }
+  JAXHC_HD void transpose(Rows& a) const { transpose_bits<U, kSlots>(&a[0][0]); }
   JAXHC_HD void pack(const ChunkRows<U, kSlots>& r, U* packed) const {
     pack_rows<U, kSlots, true>(r, packed);
   }

@@ -77,7 +77,7 @@ JAXHC_HD Status DecodeWith(const Team& team, const uint8_t* s, uint32_t size, ui
 }
 
 // The chunk codec twice: portable (the module's baseline), and on x86-64 compiled for x86-64-v3
-// with the AVX2 data movements for 32-bit words (cpu/mpc_avx2.h), chosen per call.
+// with the AVX2 data movements for 32- and 16-bit words (cpu/mpc_avx2.h), chosen per call.
 template <typename U>
 struct ChunkCodec {
   static uint32_t Encode(const U* x, uint32_t m, uint32_t dim, uint8_t* out, uint64_t room,
@@ -96,6 +96,7 @@ struct ChunkCodec {
 template <typename U>
 auto FastTeam(ChunkWork<U>& w) {
   if constexpr (sizeof(U) == 4) return Avx2Team32{{}, shuffles(), w.words};
+  else if constexpr (sizeof(U) == 2) return Avx2Team16{{}, shuffles16(), w.words};
   else return SerialTeam<U>{};
 }
 
@@ -182,6 +183,26 @@ void AddPieces(std::vector<Piece>* pieces, uint8_t* dst, const uint8_t* src, uin
     pieces->push_back({dst + o, src ? src + o : nullptr, std::min(kPieceBytes, bytes - o)});
 }
 
+// Moves `bytes` from src down to dst (dst <= src) with every thread. Where the two overlap, in
+// ascending segments no longer than the distance (a segment's source lies above everything the
+// segments before it write), each segment in parallel pieces; a short distance, one memmove.
+void MoveDown(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  const uint64_t shift = uint64_t(src - dst);
+  if (!shift || !bytes) return;
+  if (shift < bytes && shift < kPieceBytes) {
+    memmove(dst, src, bytes);
+    return;
+  }
+  const uint64_t seg = std::min(shift, bytes);
+  for (uint64_t o = 0; o < bytes; o += seg) {
+    std::vector<Piece> pieces;
+    AddPieces(&pieces, dst + o, src + o, std::min(seg, bytes - o));
+    parallel_for(pieces.size(), 1, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+    });
+  }
+}
+
 template <typename U>
 int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64_t capacity,
                   uint8_t* scratch, size_t parts, bool fast) {
@@ -189,13 +210,20 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
   const Runs runs{chunk_count(n), parts};
   const uint64_t head = header_bytes(n, wb), room = capacity - head;
   uint8_t* table = payload + kFixedHeader;
-  // Run 0 is written in place (cut at the capacity); run p > 0 at its worst-case offset in the
-  // scratch, then copied behind the run before. No run exceeds its worst case and no copy's
-  // source overlaps any destination, so the copies run in parallel. (Runs staged in the payload
-  // itself would need the moves one after another: a move can overwrite the next run's source.)
+  // Run 0 is written in place (cut at the capacity); run p > 0 at its worst-case offset, then
+  // moved behind the run before. When the payload holds every run's worst case (no budget), the
+  // runs are staged in the payload itself, whose pages are all written anyway (streams, then
+  // zeros); the scratch is a fresh buffer on every call that the kernel would fault in and zero
+  // as the runs are written there. Run p's destination ends at or below run p + 1's worst-case
+  // offset but may cover an earlier run's source, so the moves go in ascending order. Otherwise
+  // (a budget) the runs are staged in the scratch, where no copy's source overlaps any
+  // destination, and the copies run in parallel.
+  const bool in_payload = parts > 1 && capacity >= head + n * wb;
   std::vector<uint8_t*> at(parts);
   for (size_t p = 0; p < parts; ++p)
-    at[p] = p == 0 ? payload + head : scratch + runs.begin(p) * kChunkWords * wb;
+    at[p] = p == 0       ? payload + head
+            : in_payload ? payload + head + runs.begin(p) * kChunkWords * wb
+                         : scratch + runs.begin(p) * kChunkWords * wb;
   std::vector<uint64_t> total(parts);
   parallel_for(parts, 1, [&](size_t pb, size_t pe) {
     ChunkWork<U> work;
@@ -216,12 +244,18 @@ int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64
     end += load<uint32_t>(table + 4 * c);
     store<uint32_t>(table + 4 * c, end);
   }
-  // The copies and the zeroing of the payload's unused tail, in pieces over every thread.
+  // The moves (or copies), then the zeroing of the payload's unused tail, in pieces over every
+  // thread.
   std::vector<Piece> pieces;
   uint64_t start = total[0];
-  for (size_t p = 1; p < parts; start += total[p++])
-    if (start < room)
-      AddPieces(&pieces, payload + head + start, at[p], std::min(total[p], room - start));
+  for (size_t p = 1; p < parts; start += total[p++]) {
+    if (start >= room) continue;
+    const uint64_t bytes = std::min(total[p], room - start);
+    if (in_payload)
+      MoveDown(payload + head + start, at[p], bytes);
+    else
+      AddPieces(&pieces, payload + head + start, at[p], bytes);
+  }
   memset(payload + kFixedHeader + 4 * runs.nchunks, 0, head - kFixedHeader - 4 * runs.nchunks);
   const uint64_t used = head + end;
   if (used < capacity) AddPieces(&pieces, payload + used, nullptr, capacity - used);

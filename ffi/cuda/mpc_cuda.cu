@@ -93,6 +93,7 @@ struct WarpTeam {
   __device__ void delta_rows(In in, uint32_t m, uint32_t dim, Rows& a) const {
     mpc::delta_rows<U, kSlots>(first_tile(), in, m, dim, a);
   }
+  __device__ void transpose(Rows& a) const { transpose_bits<U, kSlots>(&a[0][0]); }
   __device__ void pack(const ChunkRows<U, kSlots>& r, U* packed) const {
     pack_rows<U, kSlots, false>(r, packed);
   }
