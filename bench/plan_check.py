@@ -7,7 +7,7 @@
    links' latency and bandwidth from two plain all-gathers over the 8 devices (what `jaxhc profile
    --links` does): a one-node cluster.
 2. For each plan (data = 8, and data 4 x tensor 2), the data-axis collectives of one train step of
-   a GPT of ~3.3 M parameters (`jaxhc.plan.cost.collectives`, the step's order: gradient
+   a GPT of ~3.24 M parameters (`jaxhc.plan.cost.collectives`, the step's order: gradient
    reduce-scatters, all-gathers back, parameter all-gathers; equal to the ledger's bytes), run alone
    through jaxhc's collectives in one jitted shard_map over the nested data sub-axes, raw and under
    zfp:8 on every data level; best and median of --repeats runs after a warm-up.

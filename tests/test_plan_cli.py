@@ -47,12 +47,14 @@ def test_plan_prints_ranked_plans_rejections_and_families(capsys):
     rows = [x for x in out[3:8]]
     assert all(x.startswith("| ") for x in rows)
     times = [float(x.split("|")[18]) for x in rows]
-    assert times == sorted(times)
+    assert times == sorted(times)  # as printed (3 digits), then no recomputation, less memory
     rejected = [x for x in out if x.startswith("rejected: ")]
     assert len(rejected) == 3 and all("out of memory" in x for x in rejected)
     assert "more rejected (--rejected N shows more)" in out[out.index(rejected[-1]) + 1]
     fams = out[out.index("best of each family (raw traffic):") + 3 :]
-    assert [x.split("|")[1].strip() for x in fams[:3]] == ["AMSP", "MiCS", "ZeRO-3"]
+    assert {x.split("|")[1].strip() for x in fams[:3]} == {"AMSP", "MiCS", "ZeRO-3"}
+    fam_times = [float(x.split("|")[18]) for x in fams[:3]]
+    assert fam_times == sorted(fam_times)
     assert fams[3:] == ["DDP: no plan fits", "ZeRO-1: no plan fits", "ZeRO-2: no plan fits"]
 
 

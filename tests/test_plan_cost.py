@@ -162,6 +162,14 @@ def test_time_is_latency_bandwidth_and_codec():
     assert far.seconds(CLUSTER) == pytest.approx(
         3 * CLUSTER.inter.latency + 3 / 4 * 4 * 2**20 / CLUSTER.inter.bandwidth
     )
+    # a flat ring with 2 members per node: each step crosses a node boundary once per 2 hops
+    two = dataclasses.replace(far, per_node=2)
+    assert two.bandwidth(CLUSTER) == 2 * CLUSTER.inter.bandwidth
+    assert dataclasses.replace(far, per_node=4).bandwidth(CLUSTER) == 4 * CLUSTER.inter.bandwidth
+    flat = Layout(16, 1, 1, 1, 1, 16, 16, (16,))
+    assert {c.per_node for c in collectives(SHAPE, flat, 64, 16, CLUSTER)} == {4}
+    nested = Layout(16, 1, 1, 1, 1, 16, 16, (4, 16))  # the outer level: one member per node
+    assert [c.per_node for c in collectives(SHAPE, nested, 64, 16, CLUSTER)] == [4, 1, 1, 4]
     z = dataclasses.replace(far, codec=jaxhc.codecs.parse("zfp:8"))
     speed = CLUSTER.codecs["zfp:8"]
     codec_s = 4 * 2**20 / speed.encode + 4 * 2**20 / speed.decode
@@ -175,7 +183,7 @@ def test_search_ranks_rejects_and_marks():
     rows = search(SHAPE, CLUSTER, 64, 16, codecs=("none", "zfp:8"), model_parallel="all")
     fits = [r for r in rows if not r.rejected]
     times = [r.comm_seconds for r in fits]
-    assert fits and all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:], strict=False))
+    assert fits and all(a <= b * 1.01 for a, b in zip(times, times[1:], strict=False))
     assert {r.layout.tensor * r.layout.pipe for r in fits} == {1, 2, 4, 8, 16}
     smallest = search(SHAPE, CLUSTER, 64, 16)  # model_parallel="min": tensor = pipe = 1 fits
     assert {(r.layout.tensor, r.layout.pipe) for r in smallest} == {(1, 1)}

@@ -37,7 +37,9 @@ For s_p = 1 in float32 these are exactly `jaxhc.plan.traffic.data_collectives` (
 bytes equal the ledger's.
 
 Time of a collective of k ranks: (k - 1) latencies (2 (k - 1) for an all-reduce) + wire bytes /
-bandwidth of the links its group spans (intra-node when its devices fit in a node) + its codec's
+bandwidth of the links its group spans (intra-node when its devices fit in a node; across nodes
+min(intra, m x inter) for a ring with m members in each node: a ring step crosses each node
+boundary once, and a node's rings share its devices' NIC shares) + its codec's
 encode and decode time (a reduce-scatter encodes its n raw bytes and decodes n; an all-gather
 encodes its chunk and decodes k chunks) at the cluster's speeds. Collectives run one after the
 other and nothing overlaps with compute: a step's communication time is their sum.
@@ -124,6 +126,7 @@ class Comm:
     itemsize: int
     count: int  # times per step
     codec: Codec | None = None
+    per_node: int = 1  # its ring's members in one node (consecutive), when it crosses nodes
 
     @property
     def raw(self) -> float:
@@ -142,10 +145,18 @@ class Comm:
         """Bytes per call as jaxhc's compressed algorithms move them (raw without a codec)."""
         return wire_bytes(self.codec, self.op, self.ranks, self.message, self.itemsize, self.raw)
 
+    def bandwidth(self, cluster: Cluster) -> float:
+        """Bytes/s per device: intra-node when the group fits a node; across nodes, a node's
+        rings of this level (per_node / m of them, m = its members in the node) share the node's
+        per_node NIC shares, and each ring step crosses once per node: min(intra, m x inter)."""
+        if self.span <= cluster.devices_per_node:
+            return cluster.intra.bandwidth
+        return min(cluster.intra.bandwidth, self.per_node * cluster.inter.bandwidth)
+
     def seconds(self, cluster: Cluster) -> float:
         link = cluster.link(self.span)
         steps = {"psum": 2 * (self.ranks - 1), "ppermute": 1}.get(self.op, self.ranks - 1)
-        t = steps * link.latency + self.wire / link.bandwidth
+        t = steps * link.latency + self.wire / self.bandwidth(cluster)
         if self.codec is not None and self.codec.spec != "none":
             speed = cluster.speed(self.codec.spec)
             n = self.message * self.itemsize
@@ -295,7 +306,8 @@ def collectives(
         span = levels[i] * tp
         inter = span > cluster.devices_per_node
         codec = codec_of(lay.axis(i), kind, itemsize, message * itemsize, inter)
-        out.append(Comm(lay.axis(i), kind, op, k, span, message, itemsize, count, codec))
+        members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
+        out.append(Comm(lay.axis(i), kind, op, k, span, message, itemsize, count, codec, members))
 
     inside = lambda s: [i for i, g in enumerate(levels) if g <= s]  # noqa: E731
     # parameter gathers (s_p > 1), outermost level first, forward and backward per micro-batch
@@ -326,11 +338,17 @@ def collectives(
     if lay.tensor > 1:
         codec = codec_of("tensor", "act", ea, act * ea, tp > cluster.devices_per_node)
         count = 4 * m * shape.layers // lay.pipe
-        out.append(Comm("tensor", "act", "psum", lay.tensor, tp, act, ea, count, codec))
+        members = _members(lay.tensor, lay.pipe, cluster.devices_per_node)
+        out.append(Comm("tensor", "act", "psum", lay.tensor, tp, act, ea, count, codec, members))
     if lay.pipe > 1:
         codec = codec_of("pipe", "act", ea, act * ea, lay.pipe > cluster.devices_per_node)
         out.append(Comm("pipe", "act", "ppermute", lay.pipe, lay.pipe, act, ea, 2 * m, codec))
     return out
+
+
+def _members(k: int, stride: int, per_node: int) -> int:
+    """Members of a k-rank ring whose members are `stride` devices apart that share a node."""
+    return max(1, min(k, per_node // stride)) if per_node % stride == 0 else 1
 
 
 def comm_time(comms: list[Comm], cluster: Cluster) -> float:

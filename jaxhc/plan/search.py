@@ -10,7 +10,8 @@ recomputation. By default only the smallest tensor x pipe at which a plan fits i
 model parallelism always moves fewer data-axis bytes, and what it costs, compute efficiency and
 pipeline bubbles, is not in the model). A candidate that breaks a rule (tensor not dividing the
 heads, ...) is "invalid", one that does not fit the device memory "out of memory"; the rest are
-ranked by communication time, then without recomputation first, then by memory.
+ranked by communication time (to 3 significant digits), then without recomputation first, then by
+memory.
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def evaluate(
 
 def rank(rows: list[Candidate]) -> list[Candidate]:
     def key(c):
-        # times equal to 1e-9 relative tie (the same bytes summed in another order)
-        t = float(f"{c.comm_seconds:.9g}")
+        # times equal to 3 significant digits (as printed) tie: then no recomputation, less memory
+        t = float(f"{c.comm_seconds:.3g}")
         return (
             bool(c.rejected),
             c.rejected.startswith("invalid"),
@@ -200,7 +201,7 @@ def row(i, c: Candidate) -> str:
         f"| {i} | {lay.tensor} | {lay.pipe} | {lay.data} | {lay.params} | {lay.grads} | "
         f"{lay.optim} | {groups} | {lay.codec} | {'yes' if lay.recompute else 'no'} | "
         + " | ".join(mem)
-        + f" | {c.comm_bytes / 1e9:.2f} | {c.comm_seconds:.3f} | {c.family} | {c.trainable} |"
+        + f" | {c.comm_bytes / 1e9:.2f} | {c.comm_seconds:.3g} | {c.family} | {c.trainable} |"
     )
 
 
@@ -210,7 +211,7 @@ def describe(lay: Layout, codec: bool = True) -> str:
         f"tensor {lay.tensor} pipe {lay.pipe} data {lay.data} (s_p, s_g, s_os) = "
         f"{lay.sizes} groups {groups}"
         + (f" codec {lay.codec}" if codec else "")
-        + (" recompute" if lay.recompute else "")
+        + (" with recomputation" if lay.recompute else "")
     )
 
 
