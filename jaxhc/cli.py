@@ -427,7 +427,19 @@ def plan_overrides(args, out_dir_for_policy) -> list[str]:
             cfg.model.block_size,
             compression=cfg.compression,
         )
-        best = next((c for c in rows if not c.rejected and c.trainable == "yes"), None)
+        from jaxhc.policy import Policy
+
+        flat_only = Policy.load(cfg.compression).error_feedback("data")  # needs one data level
+        best = next(
+            (
+                c
+                for c in rows
+                if not c.rejected
+                and c.trainable == "yes"
+                and (len(c.layout.levels) == 1 or not flat_only)
+            ),
+            None,
+        )
         if best is None:
             raise ValueError(f"--plan auto: no plan for {devices} devices fits and trains")
         from jaxhc.plan.search import describe

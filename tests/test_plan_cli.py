@@ -193,3 +193,68 @@ def test_train_with_a_written_plan_and_auto(tmp_path, capsys):
     plan.write_text("mesh: {data: 8}\nextra: 1\n")
     assert jaxhc_train(tmp_path / "c", log, "--plan", str(plan), *TINY) == 2
     assert "unknown plan key 'extra'" in log.read_text()
+
+
+def test_a_written_plan_with_a_codec_is_a_policy_train_loads(tmp_path, capsys):
+    """Two nodes of 4: the data level that crosses nodes gets the codec, the node level none;
+    `train --plan` turns the file into mesh overrides and a policy file the config loads."""
+    two = clusters.from_dict(
+        {
+            "name": "two",
+            "nodes": 2,
+            "devices_per_node": 4,
+            "memory_gib": 1,
+            "links": {
+                "intra": {"gbit_s": 800, "latency_us": 1},
+                "inter": {"gbit_s": 1, "latency_us": 50},
+            },
+            "codecs": {"zfp:8": {"encode_gb_s": 50, "decode_gb_s": 50}},
+        }
+    )
+    cpath, plan = tmp_path / "two.yaml", tmp_path / "plan.yaml"
+    two.dump(str(cpath))
+    (tmp_path / "m.yaml").write_text(
+        "model: {vocab_size: 256, block_size: 16, n_layer: 2, n_head: 4, n_embd: 64}\n"
+    )
+    argv = [
+        "plan",
+        "--model",
+        str(tmp_path / "m.yaml"),
+        "--cluster",
+        str(cpath),
+        "--batch",
+        "8",
+        "--codecs",
+        "zfp:8",
+        "--mesh",
+        "tensor=1,pipe=1",
+        "--write",
+        str(plan),
+    ]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    written = yaml.safe_load(plan.read_text())
+    mesh = written["mesh"]
+    groups = mesh["shard"]["groups"]
+    assert mesh["data"] == 8 and groups[-1] == 4  # nested at the node boundary
+    assert written["compression"] == {"name": "plan", "min_bytes": 0, "axes": {"data.0": "zfp:8"}}
+    import argparse
+
+    from jaxhc.policy import Policy
+
+    args = argparse.Namespace(
+        plan=str(plan),
+        mesh=None,
+        overrides=[],
+        config=None,
+        compression=None,
+        transport=None,
+        steps=None,
+    )
+    over = cli.plan_overrides(args, str(tmp_path / "run"))
+    args.overrides = over
+    cfg = cli.load_config(args)
+    assert (cfg.mesh.data, cfg.mesh.shard.groups) == (8, tuple(groups))
+    pol = Policy.load(cfg.compression)
+    assert (
+        pol.codec_for("data.0", "grad").spec == "zfp:8" and pol.codec_for("data.1", "grad") is None
+    )
