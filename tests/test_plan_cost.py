@@ -190,7 +190,8 @@ def test_search_ranks_rejects_and_marks():
     odd = search(SHAPE, CLUSTER, 24, 16, model_parallel="all")  # 24 sequences over 16 ranks
     invalid = {r.rejected for r in odd if r.rejected.startswith("invalid")}
     assert "invalid: batch 24 is not divisible by data 16 x microbatches 1" in invalid
-    assert not odd[0].rejected and odd[0].layout.data == 8
+    lay = odd[0].layout
+    assert not odd[0].rejected and 24 % (lay.data * lay.microbatches) == 0
     fams = best_of_families(rows)
     assert {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "MiCS", "AMSP"} <= set(fams)
     assert fams["ZeRO-3"].trainable == "not trainable yet (s_p > 1)"

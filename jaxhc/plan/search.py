@@ -5,10 +5,11 @@ layers that divide the devices; the data axis nested at the node boundary (the d
 node, when there are several and fewer than all) and at the plan's own sizes; every AMSP triple
 s_p <= s_g <= s_os (each dividing the next and data, s_g in {s_p, s_os}) of sizes that nest with
 the node (divide or are multiples of its data ranks); the flat-axis DDP, ZeRO-1/2/3 for
-comparison; each codec given for the data levels that cross nodes; with and without
-recomputation. By default only the smallest tensor x pipe at which a plan fits is kept (more
-model parallelism always moves fewer data-axis bytes, and what it costs, compute efficiency and
-pipeline bubbles, is not in the model). A candidate that breaks a rule (tensor not dividing the
+comparison; micro-batches = pipe (1 without a pipeline or when the batch does not split so);
+each codec given for the data levels that cross nodes; with and without recomputation. By
+default only the smallest tensor x pipe at which a plan fits is kept (more model parallelism
+always moves fewer data-axis bytes, and what it costs, compute efficiency and pipeline bubbles,
+is not in the model). A candidate that breaks a rule (tensor not dividing the
 heads, ...) is "invalid", one that does not fit the device memory "out of memory"; the rest are
 ranked by communication time (to 3 significant digits), then without recomputation first, then by
 memory.
@@ -62,6 +63,7 @@ def divisors(n: int) -> list[int]:
 
 def enumerate_layouts(
     shape: ModelShape,
+    batch: int,
     devices: int,
     per_node: int,
     codecs=("none",),
@@ -77,7 +79,7 @@ def enumerate_layouts(
             if devices % (t * p):
                 continue
             data = devices // (t * p)
-            m = microbatches or (p if p > 1 else 1)
+            m = microbatches or (p if p > 1 and batch % (data * p) == 0 else 1)
             node = per_node // (t * p) if per_node % (t * p) == 0 else 1
             sizes = [s for s in divisors(data) if node % s == 0 or s % node == 0]
             triples = set()
@@ -156,6 +158,7 @@ def search(
             cluster.speed(codec)  # a codec without a speed is an error now, not per row
     layouts = enumerate_layouts(
         shape,
+        batch,
         cluster.devices,
         cluster.devices_per_node,
         codecs,
