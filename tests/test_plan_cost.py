@@ -251,3 +251,30 @@ def test_example_cluster_and_llama_presets():
     fits = [r for r in rows if not r.rejected]
     assert fits and all(r.memory.total <= a100.memory for r in fits)
     assert any(r.rejected.startswith("out of memory") for r in rows)  # DDP: 16 psi > 80 GB
+
+
+@pytest.mark.parametrize("data, tensor, pipe, micro", [(2, 2, 2, 2), (2, 1, 4, 4), (1, 2, 4, 2)])
+def test_tensor_and_pipe_bytes_are_the_ledgers(data, tensor, pipe, micro):
+    """Tensor all-reduces, pipeline sends and the shared gradients' all-reduce over pipe: the
+    cost model's raw bytes per device are the ledger's (per axis and kind) for a jaxhc step."""
+    import jax
+    from _gpt import OPTIM, SEED, batch
+
+    from jaxhc.parallel import init_state, make_mesh, make_train_step
+
+    mc = MeshConfig(data, tensor, pipe, micro)
+    mesh = make_mesh(mc, jax.devices()[: mc.size])
+    step = make_train_step(CFG, mc, OPTIM, mesh, "none")
+    state = init_state(CFG, mc, OPTIM, mesh, SEED, policy="none")
+    ledger = jaxhc.accounting.Ledger()
+    with ledger:
+        jax.block_until_ready(step(state, batch(0, size=16))[1])
+    got = ledger.per_axis(devices=mc.size, by_kind=True)
+    got = {k: v["raw_bytes"] for k, v in got.items() if k.split("/")[0] in ("tensor", "pipe")}
+    got.pop("pipe/other", None)  # the loss's scalars
+    lay = Layout(data, tensor, pipe, micro, 1, data, data, (data,))
+    want = defaultdict(float)
+    for c in collectives(SHAPE, lay, 16, CFG.block_size, CLUSTER):
+        if c.axis in ("tensor", "pipe"):
+            want[f"{c.axis}/{c.kind}"] += c.count * c.raw
+    assert got == pytest.approx(dict(want), rel=1e-12)

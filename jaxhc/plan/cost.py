@@ -32,7 +32,10 @@ precision moved: 4 psi float32, 2 psi mixed), level by level over the nested dat
   tensor (Megatron):        per layer and micro-batch 4 all-reduces (2 forward, 2 backward) of
                             the micro-batch's activations, 2 (t - 1)/t x tokens x width x e each
   pipe:                     per micro-batch one activation forward and one gradient back,
-                            tokens x width x e each
+                            tokens x width x e each, (p - 1)/p of it per device on average (the
+                            end stages send one way); and an all-reduce of the gradients of
+                            what every stage holds (GPT-2: the tied embedding, positions, final
+                            norm), 2 (p - 1)/p x their bytes
 For s_p = 1 in float32 these are exactly `jaxhc.plan.traffic.data_collectives` (tested), whose
 bytes equal the ledger's.
 
@@ -137,7 +140,7 @@ class Comm:
             "all_gather": (k - 1) * n,
             "psum_scatter": (k - 1) / k * n,
             "psum": 2 * (k - 1) / k * n,
-            "ppermute": n,
+            "ppermute": (k - 1) / k * n,  # a pipeline: the last stage sends nothing forward
         }[self.op]
 
     @property
@@ -178,7 +181,7 @@ def wire_bytes(codec, op: str, ranks: int, message: int, itemsize: int, raw: flo
     dtype = _dtype(itemsize)
     agree = cc.agreement_bytes(codec, ranks)
     if op in ("all_gather", "ppermute"):
-        mult = ranks - 1 if op == "all_gather" else 1
+        mult = ranks - 1 if op == "all_gather" else (ranks - 1) / ranks
         return mult * codec.payload_bytes(message, dtype) + agree
     row = -(-message // ranks // cc.ROW_MULTIPLE) * cc.ROW_MULTIPLE
     per = (ranks - 1) * codec.payload_bytes(row, dtype) + agree
@@ -343,6 +346,11 @@ def collectives(
     if lay.pipe > 1:
         codec = codec_of("pipe", "act", ea, act * ea, lay.pipe > cluster.devices_per_node)
         out.append(Comm("pipe", "act", "ppermute", lay.pipe, lay.pipe, act, ea, 2 * m, codec))
+        shared = shape.shared_params()  # held by every stage: their gradients are summed
+        if shared:
+            per = _members(lay.pipe, 1, cluster.devices_per_node)
+            codec = codec_of("pipe", "grad", eg, shared * eg, lay.pipe > cluster.devices_per_node)
+            out.append(Comm("pipe", "grad", "psum", lay.pipe, lay.pipe, shared, eg, 1, codec, per))
     return out
 
 

@@ -54,6 +54,15 @@ class ModelShape:
         head = 0 if self.tied else self.vocab * h
         return self.vocab * h + head + self.positions * h + (h if self.swiglu else 2 * h)
 
+    def shared_params(self) -> int:
+        """Parameters every pipeline stage holds (jaxhc's GPT: the tied token embedding, the
+        positions and the final norm, whose gradients are summed over "pipe"); LLaMA: none
+        counted (its untied embedding and head sit on the end stages)."""
+        if self.swiglu:
+            return 0
+        h = self.width
+        return self.vocab * h + self.positions * h + 2 * h
+
     def params(self) -> int:
         return self.layers * self.layer_params() + self.embedding_params()
 
