@@ -1,10 +1,12 @@
-"""`jaxhc` command line: train, report, sweep and plan.
+"""`jaxhc` command line: train, report, sweep, plan and profile.
 
     jaxhc train --config configs/experiments/default.yaml --compression zhybrid \
         --mesh data=2,tensor=2,pipe=2 --steps 200 --out runs/zhybrid model.n_layer=4
     jaxhc report runs/* --out runs/report
     jaxhc sweep configs/experiments/hybrid-sweep.yaml
-    jaxhc plan --model gpt2-xl --mesh data=64 --node-devices 8 --memory-gib 24
+    jaxhc profile --out local.yaml
+    jaxhc plan --model llama-7b --cluster configs/clusters/a100-1024.yaml --batch 1024
+    jaxhc train --plan auto --steps 50
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ def _train_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-every", type=int, help=LOG_EVERY_HELP)
     p.add_argument("--no-memory-reuse", action="store_true", help=NO_MEMORY_REUSE_HELP)
+    p.add_argument(
+        "--plan",
+        help="train with a plan: a YAML written by `jaxhc plan --write`, or "
+        "'auto' (the best plan `jaxhc plan` finds for the run's devices as one node, "
+        "under the run's compression)",
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides such as model.n_layer=4")
 
 
@@ -90,7 +98,15 @@ def _reuse_memory(args) -> None:
         reuse_freed_memory()
 
 
+def default_out(cfg) -> str:
+    return os.path.join("runs", f"{cfg.name}-{os.path.basename(cfg.compression)}")
+
+
 def cmd_train(args) -> int:
+    if args.plan:
+        out = args.out or default_out(load_config(args))
+        args.overrides = list(args.overrides) + plan_overrides(args, out)
+        args.out = out
     cfg = load_config(args)
     _check_log_every(args)
     # Before anything starts jax's backends: the README's commands need no XLA_FLAGS on CPU.
@@ -100,7 +116,7 @@ def cmd_train(args) -> int:
 
         init_distributed()  # one process: nothing; several: jax.distributed (gloo on CPU)
     _reuse_memory(args)
-    out = args.out or os.path.join("runs", f"{cfg.name}-{os.path.basename(cfg.compression)}")
+    out = args.out or default_out(cfg)
     progress = Progress(enabled=not args.no_progress, log_every=args.log_every)
     if cfg.transport == "mpi":
         from jaxhc.train.mpi import train_mpi
@@ -170,33 +186,305 @@ def cmd_sweep(args) -> int:
 
 def _plan_parser(sub) -> None:
     p = sub.add_parser(
-        "plan", help="rank sharding plans by communication time under a memory limit"
+        "plan", help="rank sharding plans by predicted communication time under a memory limit"
     )
-    p.add_argument("--model", required=True, help="gpt2-small/medium/large/xl or a model YAML")
-    p.add_argument("--mesh", required=True, help="e.g. data=64,tensor=1,pipe=1")
-    p.add_argument("--node-devices", type=int, default=8, help="devices per node (default 8)")
-    p.add_argument("--memory-gib", type=float, default=80.0, help="memory per device (GiB)")
-    p.add_argument("--intra-gbps", type=float, default=150.0, help="intra-node GB/s per device")
-    p.add_argument("--inter-gbps", type=float, default=12.5, help="inter-node GB/s per device")
-    p.add_argument("--compression", help="policy (preset or YAML) the data traffic moves under")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="gpt2-small/medium/large/xl, llama-7b/13b/30b/65b or a model YAML",
+    )
+    p.add_argument(
+        "--cluster",
+        required=True,
+        help="cluster YAML (configs/clusters/, or written by `jaxhc profile`)",
+    )
+    p.add_argument("--batch", type=int, required=True, help="sequences per step (global)")
+    p.add_argument("--seq", type=int, help="tokens per sequence (default: GPT block_size, 2048)")
+    p.add_argument(
+        "--precision",
+        choices=["float32", "mixed"],
+        default="float32",
+        help="float32: jaxhc's layout (4+4+12 bytes/param); mixed: AMSP's 2+2+12",
+    )
+    p.add_argument(
+        "--codecs",
+        default="none",
+        help="codecs to try on the data levels that cross nodes, e.g. none,zfp:8",
+    )
+    p.add_argument(
+        "--compression",
+        help="instead of --codecs: a policy (preset or YAML) every plan's traffic moves under",
+    )
+    p.add_argument("--mesh", help="fix tensor/pipe (and microbatches), e.g. tensor=2,pipe=1")
+    p.add_argument(
+        "--model-parallel",
+        choices=["min", "all"],
+        default="min",
+        help="min (default): only the smallest tensor x pipe at which a plan fits; "
+        "all: every size (the model counts communication only)",
+    )
+    p.add_argument("--top", type=int, default=10, help="fitting plans to print (default 10)")
+    p.add_argument("--rejected", type=int, default=10, help="rejected plans to print")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also the best DDP, ZeRO-1/2/3, MiCS and AMSP plans (raw traffic)",
+    )
+    p.add_argument("--write", help="write the best plan `jaxhc train` takes as a plan YAML")
+
+
+def _positive(args, *keys) -> None:
+    for key in keys:
+        v = getattr(args, key)
+        if v is not None and not v > 0:
+            raise ValueError(f"--{key.replace('_', '-')} {v} must be > 0")
+
+
+def plan_rows(
+    shape,
+    cluster,
+    batch,
+    seq,
+    *,
+    codecs=("none",),
+    compression=None,
+    precision="float32",
+    mesh=None,
+    model_parallel="min",
+):
+    """`jaxhc.plan.search` with the command line's choices."""
+    from jaxhc.plan.cost import codec_by_policy
+    from jaxhc.plan.search import search
+
+    mesh = mesh or {}
+    if "data" in mesh:
+        raise ValueError("--mesh: data follows from the cluster's devices; give tensor and pipe")
+    codec_of = None
+    if compression is not None:
+        codec_of, codecs = codec_by_policy(compression), (f"policy {compression}",)
+    return search(
+        shape,
+        cluster,
+        batch,
+        seq,
+        codecs=codecs,
+        precision=precision,
+        microbatches=mesh.get("microbatches"),
+        tensors=[mesh["tensor"]] if "tensor" in mesh else None,
+        pipes=[mesh["pipe"]] if "pipe" in mesh else None,
+        codec_of=codec_of,
+        model_parallel=model_parallel,
+    )
 
 
 def cmd_plan(args) -> int:
-    import dataclasses
-
-    from jaxhc.model.config import MeshConfig
-    from jaxhc.plan import Links, candidates, load_model, table
+    from jaxhc.plan import cluster as clusters
+    from jaxhc.plan import load_shape
+    from jaxhc.plan.search import best_of_families, row, table
     from jaxhc.train.config import parse_mesh
 
-    for key in ("node_devices", "memory_gib", "intra_gbps", "inter_gbps"):
-        if not getattr(args, key) > 0:
-            raise ValueError(f"--{key.replace('_', '-')} {getattr(args, key)} must be > 0")
-    mesh = dataclasses.replace(MeshConfig(), **parse_mesh(args.mesh))
-    links = Links(args.node_devices, args.intra_gbps * 1e9, args.inter_gbps * 1e9)
-    memory = args.memory_gib * 2**30
-    rows = candidates(load_model(args.model), mesh, links, memory, args.compression)
-    print(table(rows))
+    _positive(args, "batch", "seq", "top")
+    if args.rejected < 0:
+        raise ValueError(f"--rejected {args.rejected} must be >= 0")
+    shape = load_shape(args.model)
+    cluster = clusters.load(args.cluster)
+    seq = args.seq or (shape.gpt.block_size if shape.gpt is not None else 2048)
+    codecs = tuple(c.strip() for c in args.codecs.split(",") if c.strip()) or ("none",)
+    if args.compression and args.codecs != "none":
+        raise ValueError("give --codecs or --compression, not both")
+    from jaxhc.codecs import parse
+
+    for c in codecs:
+        parse(c)  # a bad spec is one line naming it
+    rows = plan_rows(
+        shape,
+        cluster,
+        args.batch,
+        seq,
+        codecs=codecs,
+        compression=args.compression,
+        precision=args.precision,
+        mesh=parse_mesh(args.mesh) if args.mesh else None,
+        model_parallel=args.model_parallel,
+    )
+    n = shape.params()
+    count = f"{n / 1e9:.3f} B" if n >= 1e9 else f"{n / 1e6:.3f} M"
+    print(
+        f"{shape.name} ({count} parameters) on {cluster.name}: "
+        f"{cluster.nodes} x {cluster.devices_per_node} devices, "
+        f"{cluster.memory / 2**30:g} GiB each; batch {args.batch} x {seq} tokens, "
+        f"{args.precision}; predicted (jaxhc.plan.cost), communication only"
+    )
+    print(table(rows, args.top, args.rejected))
+    if args.compare:
+        from jaxhc.plan.search import HEADER
+
+        print("\nbest of each family (raw traffic):")
+        print(HEADER.replace("| # |", "| family |"))
+        print("|---|" + "---:|" * 6 + "---|---|---|" + "---:|" * 8 + "---|---|")
+        fams = best_of_families(rows)
+        for fam, c in fams.items():
+            print(row(fam, c))
+        for fam in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "MiCS", "AMSP"):
+            if fam not in fams:
+                print(f"{fam}: no plan fits")
+    if args.write:
+        best = next((c for c in rows if not c.rejected and c.trainable == "yes"), None)
+        if best is None:
+            raise ValueError("--write: no fitting plan is one `jaxhc train` takes")
+        write_plan(args.write, best, args.compression, args.model, cluster)
+        print(f"wrote {args.write}")
     return 0
+
+
+def write_plan(path, cand, compression, model, cluster) -> None:
+    import yaml
+
+    lay = cand.layout
+    if compression is not None:
+        policy = compression
+    elif lay.codec == "none":
+        policy = "none"
+    else:  # the codec on the data levels that cross nodes (`jaxhc.plan.cost.codec_by_spec`)
+        axes = {}
+        for i, g in enumerate(lay.levels):
+            if lay.factors[i] > 1 and g * lay.tensor * lay.pipe > cluster.devices_per_node:
+                axes[lay.axis(i)] = lay.codec
+        policy = {"name": "plan", "min_bytes": 0, "axes": axes}
+    data = {
+        "plan": {
+            "model": model,
+            "cluster": cluster.name,
+            "predicted_comm_s": round(cand.comm_seconds, 6),
+            "predicted_memory_gib": round(cand.memory.total / 2**30, 4),
+        },
+        "mesh": lay.mesh_overrides(),
+        "compression": policy,
+    }
+    with open(path, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+
+
+def _profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure codec speeds (and links) into a cluster YAML")
+    p.add_argument("--out", help="write the cluster YAML here (default: print it)")
+    p.add_argument("--devices", type=int, default=8, help="local devices (default 8)")
+    p.add_argument("--mib", type=float, default=4.0, help="MiB per codec measurement")
+    p.add_argument("--repeats", type=int, default=3, help="runs per measurement (best kept)")
+    p.add_argument("--codecs", default="zfp:8,zfp:16,q8,mpc", help="codecs to time")
+    p.add_argument(
+        "--links",
+        action="store_true",
+        help="also time all-gathers over the local devices (link bandwidth, latency)",
+    )
+
+
+def cmd_profile(args) -> int:
+    import yaml
+
+    from jaxhc.codecs import parse
+    from jaxhc.plan import cluster as clusters
+
+    _positive(args, "devices", "mib", "repeats")
+    specs = [parse(c.strip()).spec for c in args.codecs.split(",") if c.strip()]
+    if any(s == "none" for s in specs):
+        raise ValueError("--codecs: 'none' has no speed to measure")
+    set_cpu_device_count(args.devices)
+    from jaxhc.plan.profile import profile
+
+    data = profile(args.devices, args.mib, args.repeats, args.links, specs)
+    clusters.from_dict(data, where="profile")  # what the planner will read back
+    text = yaml.safe_dump(data, sort_keys=False, width=100)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def plan_overrides(args, out_dir_for_policy) -> list[str]:
+    """The overrides `jaxhc train --plan` adds: the plan's mesh and compression."""
+    import json
+
+    import yaml
+
+    from jaxhc._checks import read_yaml
+
+    if args.mesh:
+        raise ValueError("--plan and --mesh both set the mesh: give one")
+    if args.plan == "auto":
+        cfg = load_config(args)
+        from jaxhc.plan import cluster as clusters
+        from jaxhc.plan.shapes import from_gpt
+
+        devices = cfg.mesh.size
+        rows = plan_rows(
+            from_gpt("model", cfg.model),
+            clusters.local(devices, clusters_memory(devices)),
+            cfg.train.batch_size,
+            cfg.model.block_size,
+            compression=cfg.compression,
+        )
+        from jaxhc.policy import Policy
+
+        flat_only = Policy.load(cfg.compression).error_feedback("data")  # needs one data level
+        best = next(
+            (
+                c
+                for c in rows
+                if not c.rejected
+                and c.trainable == "yes"
+                and (len(c.layout.levels) == 1 or not flat_only)
+            ),
+            None,
+        )
+        if best is None:
+            raise ValueError(f"--plan auto: no plan for {devices} devices fits and trains")
+        from jaxhc.plan.search import describe
+
+        print(
+            f"plan auto: {describe(best.layout)}; predicted communication "
+            f"{best.comm_seconds * 1e3:.2f} ms/step",
+            flush=True,
+        )
+        mesh, policy = best.layout.mesh_overrides(), None
+    else:
+        if not os.path.exists(args.plan):
+            raise ValueError(f"--plan {args.plan!r} does not exist (a plan YAML or 'auto')")
+        data = read_yaml(args.plan)
+        if not isinstance(data, dict) or "mesh" not in data:
+            raise ValueError(f"--plan {args.plan}: plan key 'mesh' is missing")
+        unknown = set(data) - {"plan", "mesh", "compression"}
+        if unknown:
+            raise ValueError(f"--plan {args.plan}: unknown plan key {sorted(unknown)[0]!r}")
+        mesh, policy = data["mesh"], data.get("compression")
+        if not isinstance(mesh, dict):
+            raise ValueError(f"--plan {args.plan}: plan key 'mesh' must be a mapping")
+    out = []
+    for key, value in mesh.items():
+        if key == "shard":
+            if not isinstance(value, dict):
+                raise ValueError("plan key mesh.shard must be a mapping")
+            out += [f"mesh.shard.{k}={json.dumps(v)}" for k, v in value.items()]
+        else:
+            out.append(f"mesh.{key}={json.dumps(value)}")
+    if isinstance(policy, dict):
+        os.makedirs(out_dir_for_policy, exist_ok=True)
+        path = os.path.join(out_dir_for_policy, "plan_policy.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(policy, f, sort_keys=False)
+        out.append(f"compression={path}")
+    elif policy is not None:
+        out.append(f"compression={policy}")
+    return out
+
+
+def clusters_memory(devices: int) -> float:
+    from jaxhc.plan.profile import memory_gib
+
+    return memory_gib(devices)
 
 
 def _finished(run_dir: str, cfg) -> bool:
@@ -222,17 +510,26 @@ def main(argv=None) -> int:
     sp.add_argument("--no-memory-reuse", action="store_true", help=NO_MEMORY_REUSE_HELP)
     sp.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     _plan_parser(sub)
+    _profile_parser(sub)
     # Overrides may sit between options (argparse stops a "*" positional at the first option).
     args, extra = ap.parse_known_args(argv)
     stray = [
-        e for e in extra if e.startswith("-") or "=" not in e or args.command in ("report", "plan")
+        e
+        for e in extra
+        if e.startswith("-") or "=" not in e or args.command in ("report", "plan", "profile")
     ]
     if stray:
         ap.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = list(args.overrides) + extra
     try:
-        commands = {"train": cmd_train, "report": cmd_report, "sweep": cmd_sweep, "plan": cmd_plan}
+        commands = {
+            "train": cmd_train,
+            "report": cmd_report,
+            "sweep": cmd_sweep,
+            "plan": cmd_plan,
+            "profile": cmd_profile,
+        }
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as e:
         print(f"jaxhc {args.command}: error: {e}", file=sys.stderr)

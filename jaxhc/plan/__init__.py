@@ -1,34 +1,40 @@
 """Plans for training a model on a cluster: memory and communication models, and a search.
 
-`memory` counts the per-device bytes of parameters, gradients and optimizer state under a
-sharding plan (``mesh.shard``, `jaxhc.parallel.amsp`); `traffic` the data-axis collectives of a
-step and their time over a cluster's links; `search` ranks the valid plans (``jaxhc plan``).
+`memory` and `traffic` count, exactly, what jaxhc's compiled train step holds and moves under a
+``mesh.shard`` plan (checked against XLA and the ledger); `shapes` gives the planner a model's
+shapes (GPT-2, LLaMA); `cluster` reads cluster files (`jaxhc profile` writes one); `cost` predicts
+a plan's memory per device and communication time per step; `search` ranks the plans
+(``jaxhc plan``).
 """
 
+from jaxhc.plan.cluster import Cluster as Cluster
+from jaxhc.plan.cost import Layout as Layout
+from jaxhc.plan.cost import collectives as collectives
 from jaxhc.plan.memory import StateBytes as StateBytes
 from jaxhc.plan.memory import amsp_bytes as amsp_bytes
 from jaxhc.plan.memory import state_bytes as state_bytes
 from jaxhc.plan.presets import MODELS as MODELS
 from jaxhc.plan.presets import load_model as load_model
+from jaxhc.plan.presets import load_shape as load_shape
 from jaxhc.plan.search import Candidate as Candidate
-from jaxhc.plan.search import candidates as candidates
+from jaxhc.plan.search import search as search
 from jaxhc.plan.search import table as table
 from jaxhc.plan.traffic import Collective as Collective
-from jaxhc.plan.traffic import Links as Links
 from jaxhc.plan.traffic import data_collectives as data_collectives
-from jaxhc.plan.traffic import step_time as step_time
 
 __all__ = [
     "MODELS",
     "Candidate",
+    "Cluster",
     "Collective",
-    "Links",
+    "Layout",
     "StateBytes",
     "amsp_bytes",
-    "candidates",
+    "collectives",
     "data_collectives",
     "load_model",
+    "load_shape",
+    "search",
     "state_bytes",
-    "step_time",
     "table",
 ]

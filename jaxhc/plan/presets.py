@@ -1,4 +1,5 @@
-"""Model presets for the planner: the GPT-2 family (OpenAI's sizes, vocabulary padded to 50304)."""
+"""Model presets for the planner: the GPT-2 family (OpenAI's sizes, vocabulary padded to 50304)
+and, as shapes only (`jaxhc.plan.shapes`), LLaMA 7B-65B."""
 
 from __future__ import annotations
 
@@ -35,3 +36,34 @@ def load_model(name_or_path: str) -> GPTConfig:
         return GPTConfig(**data)
     except TypeError as e:
         raise ValueError(f"{name_or_path}: {e}") from None
+
+
+SHAPE_KEYS = ("layers", "width", "heads", "ffn", "vocab", "swiglu", "positions")
+
+
+def load_shape(name_or_path: str):
+    """The planner's `ModelShape` of a preset (GPT-2 or LLaMA) or a YAML file: GPTConfig keys
+    (a model jaxhc trains) or the shape keys layers, width, heads, ffn, vocab[, swiglu,
+    positions] (a ``model:`` section is accepted)."""
+    from jaxhc.plan.shapes import LLAMA, ModelShape, from_gpt
+
+    if name_or_path in LLAMA:
+        return LLAMA[name_or_path]
+    if name_or_path in MODELS:
+        return from_gpt(name_or_path, MODELS[name_or_path])
+    if not name_or_path.endswith((".yaml", ".yml")):
+        names = ", ".join([*MODELS, *LLAMA])
+        raise ValueError(f"--model {name_or_path!r}: use a preset ({names}) or a YAML path")
+    if not os.path.exists(name_or_path):
+        raise ValueError(f"--model {name_or_path!r} does not exist")
+    with open(name_or_path) as f:
+        data = yaml.safe_load(f) or {}
+    data = data.get("model", data) if isinstance(data, dict) else data
+    if not isinstance(data, dict):
+        raise ValueError(f"{name_or_path}: expected a mapping of model keys")
+    if data and set(data) <= set(SHAPE_KEYS):
+        missing = [k for k in SHAPE_KEYS[:5] if k not in data]
+        if missing:
+            raise ValueError(f"{name_or_path}: model key {missing[0]!r} is missing")
+        return ModelShape(name=os.path.basename(name_or_path), **data)
+    return from_gpt(os.path.basename(name_or_path), load_model(name_or_path))

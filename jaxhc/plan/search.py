@@ -1,80 +1,247 @@
-"""Rank the sharding plans of a model on a cluster: communication time under a memory limit.
+"""Rank the plans of a model on a cluster: predicted communication time under a memory limit.
 
-Candidates are every valid (s_g, s_os) of `jaxhc.model.config.ShardConfig` with s_p = 1 (sharded
-parameters are not implemented yet) on the data axis nested as the cluster's nodes nest it: a
-group of the data ranks in one node (when the node holds more than one and fewer than all), then
-the whole axis; and, for comparison, the plans of a flat data axis (DDP, ZeRO-1/2 reduced in one
-level across the nodes). AMSP's own search also varies s_p and nests groups inside a node; here
-the nodes' boundary is the one level that changes the links.
+Candidates (`enumerate_layouts`): every tensor size up to a node's devices and pipe size up to the
+layers that divide the devices; the data axis nested at the node boundary (the data ranks of one
+node, when there are several and fewer than all) and at the plan's own sizes; every AMSP triple
+s_p <= s_g <= s_os (each dividing the next and data, s_g in {s_p, s_os}) of sizes that nest with
+the node (divide or are multiples of its data ranks); the flat-axis DDP, ZeRO-1/2/3 for
+comparison; micro-batches = pipe (1 without a pipeline or when the batch does not split so);
+each codec given for the data levels that cross nodes; with and without recomputation. By
+default only the smallest tensor x pipe at which a plan fits is kept (more model parallelism
+always moves fewer data-axis bytes, and what it costs, compute efficiency and pipeline bubbles,
+is not in the model). A candidate that breaks a rule (tensor not dividing the
+heads, ...) is "invalid", one that does not fit the device memory "out of memory"; the rest are
+ranked by communication time (to 3 significant digits), then without recomputation first, then by
+memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from jaxhc.model.config import GPTConfig, MeshConfig, ShardConfig
-from jaxhc.parallel.state import Plan
-from jaxhc.plan.memory import StateBytes, state_bytes
-from jaxhc.plan.traffic import Links, data_collectives, step_time
+from jaxhc.plan.cluster import Cluster
+from jaxhc.plan.cost import (
+    Layout,
+    Memory,
+    check_layout,
+    codec_by_spec,
+    collectives,
+    comm_bytes,
+    comm_time,
+    memory,
+    trainable,
+)
+from jaxhc.plan.shapes import ModelShape
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One plan: its sizes, per-device bytes, data-axis bytes and time per step, and why it was
-    rejected (empty when it fits)."""
-
-    shard: ShardConfig
-    memory: StateBytes
+    layout: Layout
+    memory: Memory | None
     comm_bytes: float
     comm_seconds: float
-    rejected: str = ""
+    rejected: str = ""  # "" when it fits
+    trainable: str = ""
 
     @property
-    def sizes(self) -> tuple[int, int, int]:
-        return (1, self.shard.grads, self.shard.optim)
+    def family(self) -> str:
+        """DDP, ZeRO-1/2/3 (flat data axis), MiCS (s, s, s) or AMSP (anything else)."""
+        lay = self.layout
+        d, s = lay.data, lay.sizes
+        flat = len(lay.levels) == 1
+        named = {(1, 1, 1): "DDP", (1, 1, d): "ZeRO-1", (1, d, d): "ZeRO-2", (d, d, d): "ZeRO-3"}
+        if flat and s in named:
+            return named[s]
+        if s[0] == s[1] == s[2] and 1 < s[0] < d:
+            return "MiCS"
+        return "AMSP"
 
 
-def node_groups(mesh: MeshConfig, links: Links) -> tuple[int, ...]:
-    """The data ranks one node holds, as a nesting level when it is one (else none)."""
-    per_node = links.node_devices // (mesh.tensor * mesh.pipe)
-    return (per_node,) if 1 < per_node < mesh.data and mesh.data % per_node == 0 else ()
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def candidates(model: GPTConfig, mesh: MeshConfig, links: Links, memory: float, policy=None):
-    """Every plan on the node nesting, best first: those that fit in `memory` bytes per device by
-    communication time (then memory), then the rejected ones; bytes moved under `policy`."""
-    groups = node_groups(mesh, links)
-    flat_bytes = 4 * Plan(model, mesh).layout.padded
-    out = []
-    plans = [(g, o, groups) for o in sorted({1, *groups, mesh.data}) for g in sorted({1, o})]
-    if groups:  # the plans a flat data axis admits too, reduced across nodes in one level
-        plans += [(g, o, ()) for g, o, _ in plans if o in (1, mesh.data)]
-    for grads, optim, nesting in plans:
-        shard = ShardConfig(params=1, grads=grads, optim=optim, groups=nesting)
-        m = dataclasses.replace(mesh, shard=shard)
-        mem = state_bytes(model, m)
-        colls = data_collectives(m, flat_bytes)
-        comm = sum(c.wire(policy) for c in colls)
-        rejected = ""
-        if mem.total > memory:
-            rejected = f"out of memory: {mem.total / 2**30:.2f} GiB > {memory / 2**30:.2f} GiB"
-        out.append(Candidate(shard, mem, comm, step_time(colls, m, links, policy), rejected))
-    return sorted(out, key=lambda c: (bool(c.rejected), c.comm_seconds, c.memory.total))
+def enumerate_layouts(
+    shape: ModelShape,
+    batch: int,
+    devices: int,
+    per_node: int,
+    codecs=("none",),
+    precision: str = "float32",
+    microbatches: int | None = None,
+    tensors=None,
+    pipes=None,
+):
+    for t in tensors or [t for t in divisors(devices) if t <= per_node]:
+        if devices % t:
+            continue
+        for p in pipes or [p for p in divisors(devices // t) if p <= shape.layers]:
+            if devices % (t * p):
+                continue
+            data = devices // (t * p)
+            m = microbatches or (p if p > 1 and batch % (data * p) == 0 else 1)
+            node = per_node // (t * p) if per_node % (t * p) == 0 else 1
+            sizes = [s for s in divisors(data) if node % s == 0 or s % node == 0]
+            triples = set()
+            for s_p in sizes:
+                for s_os in sizes:
+                    if s_os % s_p:
+                        continue
+                    for s_g in {s_p, s_os}:
+                        triples.add((s_p, s_g, s_os))
+            shapes = []
+            for tri in sorted(triples):
+                levels = sorted({node, *tri} - {1, data}) + [data]
+                if all(h % lo == 0 for lo, h in zip(levels, levels[1:], strict=False)):
+                    shapes.append((tri, tuple(levels)))
+            if node > 1 and data > node:  # the flat axis: one ring across the nodes
+                for tri in {(1, 1, 1), (1, 1, data), (1, data, data), (data, data, data)}:
+                    shapes.append((tri, (data,)))
+            for tri, levels in shapes:
+                crosses = levels[-1] * t * p > per_node  # a data level crosses nodes
+                policy = codecs[0].startswith("policy ")
+                for codec in codecs if crosses or policy else ("none",):
+                    for rc in (False, True):
+                        yield Layout(data, t, p, m, *tri, levels, codec, precision, rc)
 
 
-def table(rows: list[Candidate]) -> str:
-    """A markdown table of `rows`."""
-    lines = [
-        "| s_p | s_g | s_os | groups | P GiB | G GiB | OS GiB | total GiB | comm MiB | comm ms |"
-        " rejected |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for c in rows:
-        m = c.memory
-        gib = [x / 2**30 for x in (m.params, m.grads, m.optim, m.total)]
-        lines.append(
-            f"| {' | '.join(map(str, c.sizes))} | {list(c.shard.groups) or 'flat'} | "
-            + " | ".join(f"{g:.3f}" for g in gib)
-            + f" | {c.comm_bytes / 2**20:.1f} | {c.comm_seconds * 1e3:.2f} | {c.rejected} |"
+def evaluate(
+    shape: ModelShape, lay: Layout, cluster: Cluster, batch: int, seq: int, codec_of=None
+) -> Candidate:
+    why = check_layout(shape, lay, batch)
+    if why:
+        return Candidate(lay, None, 0.0, 0.0, f"invalid: {why}")
+    mem = memory(shape, lay, batch, seq)
+    comms = collectives(shape, lay, batch, seq, cluster, codec_of or codec_by_spec(lay.codec))
+    rejected = ""
+    if mem.total > cluster.memory:
+        rejected = f"out of memory: {mem.total / 2**30:.1f} GiB > {cluster.memory / 2**30:.1f} GiB"
+    return Candidate(
+        lay, mem, comm_bytes(comms), comm_time(comms, cluster), rejected, trainable(shape, lay)
+    )
+
+
+def rank(rows: list[Candidate]) -> list[Candidate]:
+    def key(c):
+        # times equal to 3 significant digits (as printed) tie: then no recomputation, less memory
+        t = float(f"{c.comm_seconds:.3g}")
+        return (
+            bool(c.rejected),
+            c.rejected.startswith("invalid"),
+            t,
+            c.layout.recompute,
+            c.memory.total if c.memory else 0,
         )
+
+    return sorted(rows, key=key)
+
+
+def search(
+    shape: ModelShape,
+    cluster: Cluster,
+    batch: int,
+    seq: int,
+    codecs=("none",),
+    precision: str = "float32",
+    microbatches: int | None = None,
+    tensors=None,
+    pipes=None,
+    codec_of=None,
+    model_parallel: str = "min",
+) -> list[Candidate]:
+    """The candidates, ranked (fitting ones first, fastest first). `model_parallel` "min" keeps
+    the smallest tensor x pipe at which a plan fits (the model counts communication only, so
+    more model parallelism always looks cheaper: it costs compute efficiency and pipeline
+    bubbles the model does not count); "all" keeps every size."""
+    for codec in codecs:
+        if codec != "none" and not codec.startswith("policy "):
+            cluster.speed(codec)  # a codec without a speed is an error now, not per row
+    layouts = enumerate_layouts(
+        shape,
+        batch,
+        cluster.devices,
+        cluster.devices_per_node,
+        codecs,
+        precision,
+        microbatches,
+        tensors,
+        pipes,
+    )
+    rows = [evaluate(shape, lay, cluster, batch, seq, codec_of) for lay in layouts]
+    if model_parallel not in ("min", "all"):
+        raise ValueError(f"--model-parallel {model_parallel!r} must be min or all")
+    fits = [c.layout.tensor * c.layout.pipe for c in rows if not c.rejected]
+    if model_parallel == "min" and fits:
+        rows = [c for c in rows if c.layout.tensor * c.layout.pipe == min(fits)]
+    return rank(rows)
+
+
+def best_of_families(rows: list[Candidate]) -> dict[str, Candidate]:
+    """The fastest fitting plan of each family (DDP, ZeRO-1/2/3, MiCS, AMSP), raw data traffic."""
+    out: dict[str, Candidate] = {}
+    for c in rows:
+        if c.rejected or c.layout.codec != "none":
+            continue
+        out.setdefault(c.family, c)
+    return out
+
+
+def _gib(x: int) -> str:
+    return f"{x / 2**30:.1f}"
+
+
+HEADER = (
+    "| # | tensor | pipe | data | s_p | s_g | s_os | groups | codec | recompute | P | G | OS "
+    "| act | temp | total GiB | comm GB | comm s | family | trainable |"
+)
+
+
+def row(i, c: Candidate) -> str:
+    lay, m = c.layout, c.memory
+    groups = list(lay.groups) if len(lay.levels) > 1 else "flat"
+    mem = [_gib(x) for x in (m.params, m.grads, m.optim, m.activations, m.temporaries, m.total)]
+    return (
+        f"| {i} | {lay.tensor} | {lay.pipe} | {lay.data} | {lay.params} | {lay.grads} | "
+        f"{lay.optim} | {groups} | {lay.codec} | {'yes' if lay.recompute else 'no'} | "
+        + " | ".join(mem)
+        + f" | {c.comm_bytes / 1e9:.2f} | {c.comm_seconds:.3g} | {c.family} | {c.trainable} |"
+    )
+
+
+def describe(lay: Layout, codec: bool = True) -> str:
+    groups = list(lay.groups) if len(lay.levels) > 1 else "flat"
+    return (
+        f"tensor {lay.tensor} pipe {lay.pipe} data {lay.data} (s_p, s_g, s_os) = "
+        f"{lay.sizes} groups {groups}"
+        + (f" codec {lay.codec}" if codec else "")
+        + (" with recomputation" if lay.recompute else "")
+    )
+
+
+def table(rows: list[Candidate], top: int = 10, rejected: int = 10) -> str:
+    """The `top` fitting plans as a markdown table, then one line per rejected plan (the first
+    `rejected` of them, codec and recomputation variants of one plan folded into its first)."""
+    fits = [c for c in rows if not c.rejected]
+    lines = [HEADER, "|" + "---:|" * 7 + "---|---|---|" + "---:|" * 8 + "---|---|"]
+    lines += [row(i + 1, c) for i, c in enumerate(fits[:top])]
+    if not fits:
+        lines.append("(no plan fits)")
+
+    def key(c):
+        lay = c.layout
+        return (lay.data, lay.tensor, lay.pipe, lay.sizes, lay.levels)
+
+    fitting = {key(c) for c in fits}
+    least: dict = {}  # a plan's variant that needs the least memory
+    for c in rows:
+        k = key(c)
+        if c.rejected and k not in fitting:
+            best = least.get(k)
+            if best is None or (c.memory and best.memory and c.memory.total < best.memory.total):
+                least[k] = c
+    out = [f"rejected: {describe(c.layout, codec=False)}: {c.rejected}" for c in least.values()]
+    lines.append(f"{len(fits)} plans fit; {len(out)} rejected")
+    lines += out[:rejected]
+    if len(out) > rejected:
+        lines.append(f"... and {len(out) - rejected} more rejected (--rejected N shows more)")
     return "\n".join(lines)

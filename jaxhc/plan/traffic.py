@@ -9,9 +9,8 @@ ring collective moves per device, which the ledger records as ``raw_bytes`` (tes
 checks them per sub-axis and kind); under a policy, `Collective.wire` gives the bytes jaxhc's
 compressed algorithms move (the ledger's ``wire_bytes``, also checked).
 
-A collective's time is its bytes over the bandwidth of the links it crosses: a level whose group
-(with the tensor and pipe ranks inside it: the mesh is data-major) fits in a node uses the
-intra-node bandwidth, a larger one the inter-node bandwidth.
+`jaxhc.plan.cost.collectives` generalises these (s_p > 1, mixed precision, tensor and pipe
+traffic) and times them; for s_p = 1 in float32 it gives these bytes (tests/test_plan_cost.py).
 """
 
 from __future__ import annotations
@@ -83,23 +82,3 @@ def data_collectives(mesh: MeshConfig, flat_bytes: int) -> list[Collective]:
             out.append(Collective(axis, "param", "all_gather", k, inner[axis], (k - 1) * m, m // 4))
             m *= k
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Links:
-    """A cluster's links: devices per node and bandwidths in bytes per second per device."""
-
-    node_devices: int
-    intra: float
-    inter: float
-
-    def bandwidth(self, mesh: MeshConfig, group: int) -> float:
-        """The bandwidth of a collective among `group` data ranks (each with its tensor x pipe
-        devices, which sit next to it)."""
-        return self.intra if group * mesh.tensor * mesh.pipe <= self.node_devices else self.inter
-
-
-def step_time(collectives: list[Collective], mesh: MeshConfig, links: Links, policy=None) -> float:
-    """Seconds the collectives take one after the other, moving their bytes under `policy` (the
-    codecs' time not counted yet)."""
-    return sum(x.wire(policy) / links.bandwidth(mesh, x.group) for x in collectives)

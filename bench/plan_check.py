@@ -1,0 +1,164 @@
+"""The planner's collective time against a measurement on this machine's 8 CPU devices.
+
+    .venv/bin/python bench/plan_check.py [--repeats 7] [--out bench/results/plan_check.json]
+
+1. Calibrate: `jaxhc.plan.profile` measures zfp:8's encode/decode speed (4 MiB on each of the 8
+   devices at once: they share the cores) and fits the
+   links' latency and bandwidth from two plain all-gathers over the 8 devices (what `jaxhc profile
+   --links` does): a one-node cluster.
+2. For each plan (data = 8, and data 4 x tensor 2), the data-axis collectives of one train step of
+   a GPT of ~3.24 M parameters (`jaxhc.plan.cost.collectives`, the step's order: gradient
+   reduce-scatters, all-gathers back, parameter all-gathers; equal to the ledger's bytes), run alone
+   through jaxhc's collectives in one jitted shard_map over the nested data sub-axes, raw and under
+   zfp:8 on every data level; best and median of --repeats runs after a warm-up.
+3. Predicted (the cost model on the calibrated cluster) against measured; the ledger's wire bytes
+   against the predicted bytes. "within_25pct" compares the best run.
+
+The machine's other jobs change the numbers: the JSON records the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _common import write_json  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jaxhc  # noqa: E402
+from jaxhc.model.config import GPTConfig  # noqa: E402
+from jaxhc.plan import cluster as clusters  # noqa: E402
+from jaxhc.plan import profile  # noqa: E402
+from jaxhc.plan.cost import Layout, codec_by_policy, collectives, comm_bytes, device_params  # noqa: E402
+from jaxhc.plan.shapes import from_gpt  # noqa: E402
+
+MODEL = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=256)
+PLANS = [  # (data, tensor, (s_p, s_g, s_os), levels)
+    (8, 1, (1, 8, 8), (8,)),  # jaxhc's ZeRO (AMSP's ZeRO-2), flat
+    (8, 1, (1, 1, 1), (8,)),  # DDP
+    (8, 1, (1, 1, 8), (8,)),  # ZeRO-1
+    (8, 1, (1, 4, 4), (4, 8)),  # MiCS-like: a group of 4
+    (8, 1, (1, 1, 4), (4, 8)),
+    (8, 1, (1, 2, 2), (2, 4, 8)),
+    (8, 1, (1, 8, 8), (2, 4, 8)),
+    (4, 2, (1, 4, 4), (4,)),
+]
+ZDATA = {"name": "zdata", "min_bytes": 0, "axes": {"data": "zfp:8"}}
+
+
+def run_comms(comms, lay: Layout, policy, repeats: int):
+    """Seconds (best, median) of the data collectives `comms`, and the ledger's wire bytes."""
+    factors = lay.factors[::-1]  # outermost first
+    names = tuple(lay.axis(i) for i in reversed(range(len(lay.levels))))
+    devs = np.asarray(jax.devices()[: lay.data * lay.tensor]).reshape(*factors, lay.tensor)
+    mesh = Mesh(devs, (*names, "tensor"))
+    _, padded = device_params(from_gpt("m", MODEL), lay)
+    pol = jaxhc.Policy.from_dict(policy) if policy else None
+
+    def body(x):
+        v = x.reshape(-1)
+        for c in comms:
+            v = v[: c.message]  # after the gradient steps, the update's chunk: what jaxhc gathers
+            if c.op == "psum_scatter":
+                v = jaxhc.psum_scatter(v, c.axis, tiled=True, policy=pol, kind=c.kind)
+            else:
+                v = jaxhc.all_gather(v, c.axis, tiled=True, policy=pol, kind=c.kind)
+        return v[None]
+
+    spec = P((*names, "tensor"))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+    walk = profile.walk(padded * lay.data * lay.tensor, seed=1)
+    x = jax.device_put(jnp.asarray(walk), NamedSharding(mesh, spec))
+    ledger = jaxhc.accounting.Ledger()
+    with ledger:
+        jax.block_until_ready(f(x))
+    wire = sum(v["wire_bytes"] for v in ledger.per_axis(devices=lay.data * lay.tensor).values())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(x))
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times), wire
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out", default="bench/results/plan_check.json")
+    args = ap.parse_args(argv)
+    speeds = profile.codec_speeds(["zfp:8"], mib=4, repeats=args.repeats)
+    fit = profile.link_fit(repeats=args.repeats)
+    cluster = clusters.from_dict(
+        {
+            "name": "this machine",
+            "nodes": 1,
+            "devices_per_node": 8,
+            "memory_gib": 1,
+            "links": {"intra": {"gbit_s": fit["gbit_s"], "latency_us": fit["latency_us"]}},
+            "codecs": {"zfp:8": {k: speeds["zfp:8"][k] for k in ("encode_gb_s", "decode_gb_s")}},
+        }
+    )
+    shape = from_gpt("gpt-3m", MODEL)
+    rows = []
+    for data, tensor, sizes, levels in PLANS:
+        for policy in (None, ZDATA):
+            lay = Layout(data, tensor, 1, 1, *sizes, levels)
+            codec_of = codec_by_policy(jaxhc.Policy.from_dict(policy)) if policy else None
+            if codec_of is None:
+                codec_of = codec_by_policy("none")
+            comms = [
+                c
+                for c in collectives(shape, lay, 8 * data, 64, cluster, codec_of)
+                if c.axis.startswith("data")
+            ]
+            predicted = sum(c.seconds(cluster) for c in comms)
+            best, median, wire = run_comms(comms, lay, policy, args.repeats)
+            row = {
+                "data": data,
+                "tensor": tensor,
+                "sizes": list(sizes),
+                "levels": list(levels),
+                "policy": "zfp:8 on data" if policy else "none",
+                "predicted_s": predicted,
+                "measured_best_s": best,
+                "measured_median_s": median,
+                "ratio_best": best / predicted,
+                "ratio_median": median / predicted,
+                "within_25pct": abs(best / predicted - 1) <= 0.25,
+                "predicted_wire_bytes": comm_bytes(comms),
+                "ledger_wire_bytes": wire,
+            }
+            rows.append(row)
+            print(
+                f"{data}x{tensor} {sizes} {list(levels)} {row['policy']:>14}: predicted "
+                f"{predicted * 1e3:8.2f} ms, measured best {best * 1e3:8.2f} median "
+                f"{median * 1e3:8.2f} ms (x{best / predicted:.2f}), bytes "
+                f"{'equal' if wire == comm_bytes(comms) else 'DIFFER'}",
+                flush=True,
+            )
+    within = sum(r["within_25pct"] for r in rows)
+    print(f"{within}/{len(rows)} plans within 25 % (best run)")
+    write_json(
+        args.out,
+        {
+            "model": {"parameters": shape.params(), **MODEL.__dict__},
+            "calibration": {"links": fit, "zfp:8": speeds["zfp:8"]},
+            "cluster": cluster.to_dict(),
+            "plans": rows,
+            "within_25pct": f"{within}/{len(rows)}",
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

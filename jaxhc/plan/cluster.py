@@ -1,0 +1,222 @@
+"""A cluster as the planner sees it: nodes, devices, memory, links per level, codec speeds.
+
+```yaml
+name: a100-1024
+nodes: 128
+devices_per_node: 8
+memory_gib: 80                  # per device
+links:                          # per device, when every device of a node sends at once
+  intra: {gbit_s: 2400, latency_us: 3}
+  inter: {gbit_s: 200, latency_us: 10}
+codecs:                         # per device: GB/s (1e9 bytes/s) of the raw values in and out
+  zfp:8: {encode_gb_s: 100, decode_gb_s: 100}
+source: assumed / measured by `jaxhc profile` ...   # free text, kept
+```
+A single-node cluster may omit ``links.inter``. `jaxhc profile` writes such a file for this
+machine. Bad input is one line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import yaml
+
+from jaxhc.codecs import parse
+
+TOP_KEYS = ("name", "nodes", "devices_per_node", "memory_gib", "links", "codecs", "source")
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """Bandwidth (bytes/s per device) and per-message latency (s) of one level of links."""
+
+    bandwidth: float
+    latency: float
+
+    def to_dict(self) -> dict:
+        return {
+            "gbit_s": _round(self.bandwidth * 8 / 1e9),
+            "latency_us": _round(self.latency * 1e6),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class CodecSpeed:
+    """Encode and decode speeds of a codec on one device, bytes/s of raw input/output values."""
+
+    encode: float
+    decode: float
+
+    def to_dict(self) -> dict:
+        return {"encode_gb_s": _round(self.encode / 1e9), "decode_gb_s": _round(self.decode / 1e9)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    name: str
+    nodes: int
+    devices_per_node: int
+    memory: float  # bytes per device
+    intra: Link
+    inter: Link
+    codecs: dict  # codec spec -> CodecSpeed
+    source: str = ""
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def link(self, devices_spanned: int) -> Link:
+        """The links of a collective whose group spans `devices_spanned` consecutive devices."""
+        return self.intra if devices_spanned <= self.devices_per_node else self.inter
+
+    def speed(self, spec: str) -> CodecSpeed:
+        key = parse(spec).spec
+        family = key.split(":")[0]  # "mpc:0.8" takes the speed of "mpc" when it has none
+        if key not in self.codecs and family in self.codecs and family == "mpc":
+            key = family
+        if key not in self.codecs:
+            raise ValueError(
+                f"cluster {self.name}: no speed for codec {key!r} (add codecs.{key}: "
+                "{encode_gb_s: ..., decode_gb_s: ...}, or run `jaxhc profile`)"
+            )
+        return self.codecs[key]
+
+    def to_dict(self) -> dict:
+        out = {
+            "name": self.name,
+            "nodes": self.nodes,
+            "devices_per_node": self.devices_per_node,
+            "memory_gib": _round(self.memory / 2**30),
+            "links": {"intra": self.intra.to_dict(), "inter": self.inter.to_dict()},
+            "codecs": {k: v.to_dict() for k, v in self.codecs.items()},
+        }
+        if self.source:
+            out["source"] = self.source
+        return out
+
+    def dump(self, path: str) -> None:
+        with open(path, "w") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False, width=100)
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def _number(where: str, value, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}={value!r} must be a number")
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{where}={value!r} must be {'> 0' if positive else '>= 0'}")
+    return float(value)
+
+
+def _count(where: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}={value!r} must be a positive integer")
+    return value
+
+
+def _mapping(where: str, value, keys: tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a mapping, got {value!r}")
+    for k in value:
+        if k not in keys:
+            raise ValueError(
+                f"unknown cluster key {where}.{k}" if where else f"unknown cluster key {k}"
+            )
+    return value
+
+
+def _link(where: str, value) -> Link:
+    value = _mapping(where, value, ("gbit_s", "latency_us"))
+    for k in ("gbit_s", "latency_us"):
+        if k not in value:
+            raise ValueError(f"cluster key {where}.{k} is missing")
+    return Link(
+        _number(f"{where}.gbit_s", value["gbit_s"]) * 1e9 / 8,
+        _number(f"{where}.latency_us", value["latency_us"], positive=False) * 1e-6,
+    )
+
+
+def from_dict(data, where: str = "cluster") -> Cluster:
+    """A Cluster from a mapping; errors are one line naming the key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of cluster keys")
+    unknown = [k for k in data if k not in TOP_KEYS]
+    if unknown:
+        raise ValueError(f"{where}: unknown cluster key {unknown[0]}")
+    for k in ("nodes", "devices_per_node", "memory_gib", "links"):
+        if k not in data:
+            raise ValueError(f"{where}: cluster key {k} is missing")
+    nodes = _count("nodes", data["nodes"])
+    per_node = _count("devices_per_node", data["devices_per_node"])
+    memory = _number("memory_gib", data["memory_gib"]) * 2**30
+    links = _mapping("links", data["links"], ("intra", "inter"))
+    if "intra" not in links:
+        raise ValueError(f"{where}: cluster key links.intra is missing")
+    intra = _link("links.intra", links["intra"])
+    if "inter" in links:
+        inter = _link("links.inter", links["inter"])
+    elif nodes == 1:
+        inter = intra
+    else:
+        raise ValueError(f"{where}: cluster key links.inter is missing ({nodes} nodes)")
+    codecs = {}
+    for spec, speeds in (data.get("codecs") or {}).items():
+        try:
+            codec = parse(str(spec))
+        except ValueError as e:
+            raise ValueError(f"{where}: codecs.{spec}: {e}") from None
+        if codec is None or codec.spec == "none":
+            raise ValueError(f"{where}: codecs.{spec}: 'none' has no speed to give")
+        speeds = _mapping(f"codecs.{spec}", speeds, ("encode_gb_s", "decode_gb_s"))
+        for k in ("encode_gb_s", "decode_gb_s"):
+            if k not in speeds:
+                raise ValueError(f"{where}: cluster key codecs.{spec}.{k} is missing")
+        codecs[codec.spec] = CodecSpeed(
+            _number(f"codecs.{spec}.encode_gb_s", speeds["encode_gb_s"]) * 1e9,
+            _number(f"codecs.{spec}.decode_gb_s", speeds["decode_gb_s"]) * 1e9,
+        )
+    name = str(data.get("name", os.path.splitext(os.path.basename(where))[0]))
+    return Cluster(name, nodes, per_node, memory, intra, inter, codecs, str(data.get("source", "")))
+
+
+def load(path: str) -> Cluster:
+    from jaxhc._checks import read_yaml
+
+    if not os.path.exists(path):
+        raise ValueError(f"--cluster {path!r} does not exist")
+    return from_dict(read_yaml(path), where=path)
+
+
+# What `jaxhc train --plan auto` assumes for this machine: one node of the run's devices, at the
+# speeds `jaxhc profile --links` measured here (bench/results/plan_profile.yaml, 8 host devices
+# on 2 cores, load average ~14: an order of magnitude, not a calibration).
+LOCAL_DEFAULTS = {
+    "links": {"intra": {"gbit_s": 19.466, "latency_us": 20.2}},
+    "codecs": {
+        "zfp:8": {"encode_gb_s": 1.2622, "decode_gb_s": 1.1854},
+        "zfp:16": {"encode_gb_s": 0.7189, "decode_gb_s": 0.8052},
+        "q8": {"encode_gb_s": 4.5228, "decode_gb_s": 2.6809},
+        "mpc": {"encode_gb_s": 1.0524, "decode_gb_s": 0.5014},
+    },
+}
+
+
+def local(devices: int, memory_gib: float = 4.0) -> Cluster:
+    """This machine as one node of `devices` devices, at `LOCAL_DEFAULTS`."""
+    return from_dict(
+        {
+            "name": "local",
+            "nodes": 1,
+            "devices_per_node": devices,
+            "memory_gib": memory_gib,
+            **LOCAL_DEFAULTS,
+            "source": "jaxhc.plan.cluster.LOCAL_DEFAULTS",
+        },
+        where="local",
+    )

@@ -1,0 +1,416 @@
+"""Memory per device and communication time per step of one plan (a `Layout`) on a `Cluster`.
+
+A plan: data x tensor x pipe devices (the mesh is data-major, pipe innermost, so a data rank's
+tensor x pipe devices sit next to each other), the AMSP sizes s_p <= s_g <= s_os over the data
+axis nested in `levels` (group sizes, innermost first, ending with data), the codec of the data
+levels that cross nodes, the precision and whether layers are recomputed.
+
+Memory (bytes per device; psi = the device's parameters, its tensor x pipe block):
+  float32 (jaxhc): P = 4 psi / s_p, G = 4 psi / s_g, OS = 12 psi / s_os (two AdamW moments and the
+                   master copy) + 8; psi, for a model jaxhc trains, its padded flat vector's size
+                   (`jaxhc.plan.memory.state_bytes`, equal to the compiled step's to the byte)
+  mixed (AMSP):    P = 2 psi / s_p, G = 2 psi / s_g, OS = 12 psi / s_os
+  activations:     per layer and micro-batch `ModelShape.activation_bytes` (+ the softmax
+                   probabilities without recomputation), for layers / pipe layers and every
+                   micro-batch in flight (GPipe keeps all m; without a pipeline one); with
+                   recomputation each layer keeps its input only, plus one layer's full set
+  temporaries:     logits and their gradient (float32, vocab / tensor per token of a micro-batch);
+                   float32: the whole unreduced gradient 4 psi (jaxhc's step reduces it at the
+                   end), mixed: one layer's gradient (a bucket); s_p > 1: two layers' gathered
+                   parameters (the one in use and the next)
+
+Collectives per step, per device (ring algorithms; n the bytes of the flat vector in the
+precision moved: 4 psi float32, 2 psi mixed), level by level over the nested data axis:
+  param gather (s_p > 1):   all-gather n / s_p -> n over the levels inside s_p, forward and
+                            backward, every micro-batch: 2 m (s_p - 1) / s_p n
+  grad reduce-scatter:      level by level, innermost first, to n / data, once per step (every
+                            micro-batch when s_p > 1, where no whole gradient is kept); then the
+                            all-gather back over the levels outside the gradient group (there a
+                            hierarchical all-reduce): (k - 1)/k n per level as n shrinks k-fold
+  param exchange:           the updated OS chunk all-gathered over the levels inside s_os and
+                            outside s_p: (k - 1) x chunk per level
+  tensor (Megatron):        per layer and micro-batch 4 all-reduces (2 forward, 2 backward) of
+                            the micro-batch's activations, 2 (t - 1)/t x tokens x width x e each
+  pipe:                     per micro-batch one activation forward and one gradient back,
+                            tokens x width x e each, (p - 1)/p of it per device on average (the
+                            end stages send one way); and an all-reduce of the gradients of
+                            what every stage holds (GPT-2: the tied embedding, positions, final
+                            norm), 2 (p - 1)/p x their bytes
+For s_p = 1 in float32 these are exactly `jaxhc.plan.traffic.data_collectives` (tested), whose
+bytes equal the ledger's.
+
+Time of a collective of k ranks: (k - 1) latencies (2 (k - 1) for an all-reduce) + wire bytes /
+bandwidth of the links its group spans (intra-node when its devices fit in a node; across nodes
+min(intra, m x inter) for a ring with m members in each node: a ring step crosses each node
+boundary once, and a node's rings share its devices' NIC shares) + its codec's
+encode and decode time (a reduce-scatter encodes its n raw bytes and decodes n; an all-gather
+encodes its chunk and decodes k chunks) at the cluster's speeds. Collectives run one after the
+other and nothing overlaps with compute: a step's communication time is their sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxhc.codecs import Codec, parse
+from jaxhc.collectives import _common as cc
+from jaxhc.plan.cluster import Cluster
+from jaxhc.plan.shapes import ModelShape
+
+PRECISIONS = {  # bytes per value: params, grads (and what they move as), activations
+    "float32": (4, 4, 4),
+    "mixed": (2, 2, 2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    data: int
+    tensor: int
+    pipe: int
+    microbatches: int
+    params: int  # s_p
+    grads: int  # s_g
+    optim: int  # s_os
+    levels: tuple[int, ...]  # nested data group sizes, innermost first, ending with data
+    codec: str = "none"  # for the data levels whose group crosses nodes
+    precision: str = "float32"
+    recompute: bool = False
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        return (self.params, self.grads, self.optim)
+
+    @property
+    def factors(self) -> tuple[int, ...]:
+        """The levels' own sizes, innermost first."""
+        return tuple(h // lo for lo, h in zip((1, *self.levels), self.levels, strict=False))
+
+    def axis(self, i: int) -> str:
+        """jaxhc's name of level i (0 innermost): "data" alone, else data.0 outermost."""
+        k = len(self.levels)
+        return "data" if k == 1 else f"data.{k - 1 - i}"
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """``mesh.shard.groups`` (the levels below data)."""
+        return self.levels[:-1]
+
+    def mesh_overrides(self) -> dict:
+        shard = {
+            "params": self.params,
+            "grads": self.grads,
+            "optim": self.optim,
+            "groups": list(self.groups),
+        }
+        return {
+            "data": self.data,
+            "tensor": self.tensor,
+            "pipe": self.pipe,
+            "microbatches": self.microbatches,
+            "shard": shard,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Comm:
+    """One collective of a step on one device."""
+
+    axis: str  # "data", "data.<i>", "tensor", "pipe"
+    kind: str  # "param", "grad", "act" (tensor and pipe)
+    op: str  # "all_gather", "psum_scatter", "psum", "ppermute"
+    ranks: int
+    span: int  # consecutive devices its group covers (for the link level)
+    message: int  # values this device passes in
+    itemsize: int
+    count: int  # times per step
+    codec: Codec | None = None
+    per_node: int = 1  # its ring's members in one node (consecutive), when it crosses nodes
+
+    @property
+    def raw(self) -> float:
+        """Raw bytes per call (ring)."""
+        n = self.message * self.itemsize
+        k = self.ranks
+        return {
+            "all_gather": (k - 1) * n,
+            "psum_scatter": (k - 1) / k * n,
+            "psum": 2 * (k - 1) / k * n,
+            "ppermute": (k - 1) / k * n,  # a pipeline: the last stage sends nothing forward
+        }[self.op]
+
+    @property
+    def wire(self) -> float:
+        """Bytes per call as jaxhc's compressed algorithms move them (raw without a codec)."""
+        return wire_bytes(self.codec, self.op, self.ranks, self.message, self.itemsize, self.raw)
+
+    def bandwidth(self, cluster: Cluster) -> float:
+        """Bytes/s per device: intra-node when the group fits a node; across nodes, a node's
+        rings of this level (per_node / m of them, m = its members in the node) share the node's
+        per_node NIC shares, and each ring step crosses once per node: min(intra, m x inter)."""
+        if self.span <= cluster.devices_per_node:
+            return cluster.intra.bandwidth
+        return min(cluster.intra.bandwidth, self.per_node * cluster.inter.bandwidth)
+
+    def seconds(self, cluster: Cluster) -> float:
+        link = cluster.link(self.span)
+        steps = {"psum": 2 * (self.ranks - 1), "ppermute": 1}.get(self.op, self.ranks - 1)
+        t = steps * link.latency + self.wire / self.bandwidth(cluster)
+        if self.codec is not None and self.codec.spec != "none":
+            speed = cluster.speed(self.codec.spec)
+            n = self.message * self.itemsize
+            encoded = n + n / self.ranks if self.op == "psum" else n
+            decoded = {"all_gather": self.ranks * n, "psum": 2 * n}.get(self.op, n)
+            t += encoded / speed.encode + decoded / speed.decode
+        return self.count * t
+
+
+def _dtype(itemsize: int):
+    return jnp.float32 if itemsize == 4 else jnp.bfloat16
+
+
+def wire_bytes(codec, op: str, ranks: int, message: int, itemsize: int, raw: float) -> float:
+    """What jaxhc's algorithms move for one call under `codec` (None: `raw`): the codec's static
+    payload per row (rows padded to `ROW_MULTIPLE`) and the fallback agreement flags."""
+    if codec is None or codec.spec == "none":
+        return raw
+    dtype = _dtype(itemsize)
+    agree = cc.agreement_bytes(codec, ranks)
+    if op in ("all_gather", "ppermute"):
+        mult = ranks - 1 if op == "all_gather" else (ranks - 1) / ranks
+        return mult * codec.payload_bytes(message, dtype) + agree
+    row = -(-message // ranks // cc.ROW_MULTIPLE) * cc.ROW_MULTIPLE
+    per = (ranks - 1) * codec.payload_bytes(row, dtype) + agree
+    return 2 * per if op == "psum" else per
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    params: int
+    grads: int
+    optim: int
+    activations: int
+    temporaries: int
+
+    @property
+    def state(self) -> int:
+        return self.params + self.optim
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optim + self.activations + self.temporaries
+
+
+@functools.lru_cache(maxsize=256)
+def _flat_layout(gpt, data: int, tensor: int, pipe: int):
+    from jaxhc.model.config import MeshConfig
+    from jaxhc.parallel.layout import FlatLayout
+
+    return FlatLayout(_param_shapes(gpt), MeshConfig(data=data, tensor=tensor, pipe=pipe))
+
+
+@functools.lru_cache(maxsize=16)
+def _param_shapes(gpt):
+    from jaxhc.model import gpt as gpt_model
+
+    return jax.eval_shape(functools.partial(gpt_model.init_params, gpt), 0)
+
+
+def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
+    """(parameters on the device, its flat vector padded to 4 x data): exact (jaxhc's layout)
+    for a model jaxhc trains in float32, else `ModelShape.device_params`."""
+    if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
+        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
+        return fl.size, fl.padded
+    size = shape.device_params(lay.tensor, lay.pipe)
+    q = 4 * lay.data
+    return size, -(-size // q) * q
+
+
+def tokens_per_microbatch(lay: Layout, batch: int, seq: int) -> tuple[int, int]:
+    """(sequences, tokens) of one micro-batch on one data rank."""
+    b = batch // (lay.data * lay.microbatches)
+    return b, b * seq
+
+
+def memory(shape: ModelShape, lay: Layout, batch: int, seq: int) -> Memory:
+    ep, eg, ea = PRECISIONS[lay.precision]
+    size, padded = device_params(shape, lay)
+    if lay.precision == "float32":
+        p = 4 * (size if lay.params == 1 else padded // lay.params)
+        g = 4 * padded // lay.grads
+        os_ = 4 * (3 * padded // lay.optim + 2)
+    else:
+        p, g, os_ = 2 * padded // lay.params, 2 * padded // lay.grads, 12 * padded // lay.optim
+    b, tok = tokens_per_microbatch(lay, batch, seq)
+    t, layers = lay.tensor, shape.layers // lay.pipe
+    full = shape.activation_bytes(tok, t, ea, False) + shape.attention_bytes(b, seq, t, ea)
+    inflight = lay.microbatches if lay.pipe > 1 else 1
+    if lay.recompute:
+        act = inflight * layers * shape.activation_bytes(tok, t, ea, True) + full
+    else:
+        act = inflight * layers * full
+    layer = -(-shape.layer_params() // t)
+    temp = 2 * 4 * tok * -(-shape.vocab // t)
+    temp += 4 * padded if lay.precision == "float32" and lay.params == 1 else eg * layer
+    if lay.params > 1:
+        temp += 2 * ep * layer
+    return Memory(p, g, os_, act, temp)
+
+
+def codec_by_spec(spec: str):
+    """The planner's choice: `spec` on the data levels that cross nodes, nothing elsewhere."""
+    codec = parse(spec)
+    if codec is not None and codec.spec == "none":
+        codec = None
+
+    def of(axis, kind, itemsize, nbytes, inter):
+        return codec if inter and kind in ("grad", "param") else None
+
+    return of
+
+
+def codec_by_policy(policy):
+    """A jaxhc policy's choice per axis and kind (``min_bytes`` and dtype rules as the
+    collectives apply them)."""
+    from jaxhc.policy import Policy
+
+    pol = Policy.load(policy)
+
+    def of(axis, kind, itemsize, nbytes, inter):
+        codec = pol.codec_for(axis, kind, _dtype(itemsize))
+        if codec is None or not codec.supports(_dtype(itemsize)) or nbytes < pol.min_bytes:
+            return None
+        return codec
+
+    return of
+
+
+def collectives(
+    shape: ModelShape, lay: Layout, batch: int, seq: int, cluster: Cluster, codec_of=None
+) -> list[Comm]:
+    """The collectives of one step on one device, in the order the step runs them."""
+    codec_of = codec_of or codec_by_spec(lay.codec)
+    ep, eg, ea = PRECISIONS[lay.precision]
+    _, padded = device_params(shape, lay)
+    tp = lay.tensor * lay.pipe
+    m = lay.microbatches
+    factors, levels = lay.factors, lay.levels
+    out: list[Comm] = []
+
+    def add(i, kind, op, message, itemsize, count):
+        k = factors[i]
+        if k == 1:
+            return
+        span = levels[i] * tp
+        inter = span > cluster.devices_per_node
+        codec = codec_of(lay.axis(i), kind, itemsize, message * itemsize, inter)
+        members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
+        out.append(Comm(lay.axis(i), kind, op, k, span, message, itemsize, count, codec, members))
+
+    inside = lambda s: [i for i, g in enumerate(levels) if g <= s]  # noqa: E731
+    # parameter gathers (s_p > 1), outermost level first, forward and backward per micro-batch
+    if lay.params > 1:
+        n = padded // lay.params
+        for i in reversed(inside(lay.params)):
+            add(i, "param", "all_gather", n, ep, 2 * m)
+            n *= factors[i]
+    # gradient reduce-scatter, innermost first, to 1/data
+    per_micro = lay.params > 1
+    n = padded
+    for i in range(len(levels)):
+        count = m if per_micro and levels[i] <= lay.grads else 1
+        add(i, "grad", "psum_scatter", n, eg, count)
+        n //= factors[i]
+    for i in reversed(range(len(levels))):  # back over the levels outside the gradient group
+        if levels[i] > lay.grads:
+            add(i, "grad", "all_gather", n, eg, 1)
+            n *= factors[i]
+    # parameter exchange after the update: the OS chunk over the levels inside s_os, outside s_p
+    n = padded // lay.optim
+    for i in reversed(inside(lay.optim)):
+        if levels[i] > lay.params:
+            add(i, "param", "all_gather", n, ep, 1)
+            n *= factors[i]
+    b, tok = tokens_per_microbatch(lay, batch, seq)
+    act = tok * shape.width
+    if lay.tensor > 1:
+        codec = codec_of("tensor", "act", ea, act * ea, tp > cluster.devices_per_node)
+        count = 4 * m * shape.layers // lay.pipe
+        members = _members(lay.tensor, lay.pipe, cluster.devices_per_node)
+        out.append(Comm("tensor", "act", "psum", lay.tensor, tp, act, ea, count, codec, members))
+    if lay.pipe > 1:
+        codec = codec_of("pipe", "act", ea, act * ea, lay.pipe > cluster.devices_per_node)
+        out.append(Comm("pipe", "act", "ppermute", lay.pipe, lay.pipe, act, ea, 2 * m, codec))
+        shared = shape.shared_params()  # held by every stage: their gradients are summed
+        if shared:
+            per = _members(lay.pipe, 1, cluster.devices_per_node)
+            codec = codec_of("pipe", "grad", eg, shared * eg, lay.pipe > cluster.devices_per_node)
+            out.append(Comm("pipe", "grad", "psum", lay.pipe, lay.pipe, shared, eg, 1, codec, per))
+    return out
+
+
+def _members(k: int, stride: int, per_node: int) -> int:
+    """Members of a k-rank ring whose members are `stride` devices apart that share a node."""
+    return max(1, min(k, per_node // stride)) if per_node % stride == 0 else 1
+
+
+def comm_time(comms: list[Comm], cluster: Cluster) -> float:
+    return sum(c.seconds(cluster) for c in comms)
+
+
+def comm_bytes(comms: list[Comm]) -> float:
+    return sum(c.count * c.wire for c in comms)
+
+
+def check_layout(shape: ModelShape, lay: Layout, batch: int) -> str:
+    """Why the plan cannot run at all ("" when it can): one line naming the rule."""
+    if shape.heads % lay.tensor:
+        return f"tensor={lay.tensor} does not divide heads={shape.heads}"
+    if shape.layers % lay.pipe:
+        return f"pipe={lay.pipe} does not divide layers={shape.layers}"
+    if batch % (lay.data * lay.microbatches):
+        return (
+            f"batch {batch} is not divisible by data {lay.data} x microbatches {lay.microbatches}"
+        )
+    s_p, s_g, s_os = lay.sizes
+    if not (lay.data % s_os == 0 and s_os % s_g == 0 and s_g % s_p == 0):
+        return f"s_p={s_p} | s_g={s_g} | s_os={s_os} | data={lay.data} must each divide the next"
+    if s_g not in (s_p, s_os):
+        return f"s_g={s_g} must equal s_p={s_p} or s_os={s_os} (AMSP)"
+    for s in lay.sizes:
+        if s not in (1, *lay.levels):
+            return f"size {s} is not 1 or one of the levels {list(lay.levels)}"
+    if shape.gpt is not None and not shape.swiglu:
+        from jaxhc.model.config import MeshConfig, validate
+
+        try:
+            validate(
+                shape.gpt,
+                MeshConfig(lay.data, lay.tensor, lay.pipe, lay.microbatches),
+                batch_size=batch,
+            )
+        except ValueError as e:
+            return str(e)
+    return ""
+
+
+def trainable(shape: ModelShape, lay: Layout) -> str:
+    """Whether `jaxhc train` takes the plan: "yes", or why not (the trainer's own refusal)."""
+    if shape.gpt is None or shape.swiglu:
+        return "shapes only"
+    from jaxhc.model.config import ShardConfig
+
+    try:
+        ShardConfig(*lay.sizes, groups=lay.groups).resolve(lay.data)
+    except ValueError as e:
+        if lay.params > 1 and "not implemented" in str(e):
+            return "not trainable yet (s_p > 1)"
+        return f"no: {e}"
+    if lay.precision != "float32":
+        return "not as counted (jaxhc trains float32)"
+    return "yes"

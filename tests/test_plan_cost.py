@@ -1,0 +1,280 @@
+"""The planner's cost model (jaxhc.plan.cost), cluster files and search: against jaxhc's exact
+counts (which tests/test_plan.py checks against XLA and the ledger) and the stated formulas."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import pytest
+from _gpt import CFG
+
+import jaxhc
+from jaxhc.model.config import MeshConfig
+from jaxhc.parallel.state import Plan
+from jaxhc.plan import amsp_bytes, data_collectives, load_shape, state_bytes
+from jaxhc.plan import cluster as clusters
+from jaxhc.plan.cost import (
+    Comm,
+    Layout,
+    codec_by_policy,
+    collectives,
+    comm_time,
+    memory,
+    trainable,
+)
+from jaxhc.plan.search import best_of_families, search, table
+from jaxhc.plan.shapes import LLAMA, from_gpt
+
+SHAPE = from_gpt("tiny", CFG)
+CLUSTER = clusters.from_dict(
+    {
+        "name": "test",
+        "nodes": 4,
+        "devices_per_node": 4,
+        "memory_gib": 1,
+        "links": {
+            "intra": {"gbit_s": 800, "latency_us": 2},
+            "inter": {"gbit_s": 80, "latency_us": 10},
+        },
+        "codecs": {"zfp:8": {"encode_gb_s": 20, "decode_gb_s": 10}},
+    }
+)
+ZDATA = jaxhc.Policy.from_dict({"name": "zdata", "min_bytes": 0, "axes": {"data": "zfp:8"}})
+
+
+def valid_plans(data, groups):
+    """Every trainable (1, s_g, s_os) on the data axis nested in `groups`."""
+    sizes = sorted({1, *(groups or []), data})
+    if groups is None:
+        sizes = [1, data]
+    return [(1, g, o) for o in sizes for g in sorted({1, o})]
+
+
+def _layout(mesh: MeshConfig, **kw) -> Layout:
+    shard = mesh.shard
+    p, g, o, levels = shard.resolve(mesh.data)
+    return Layout(mesh.data, mesh.tensor, mesh.pipe, mesh.microbatches, p, g, o, levels, **kw)
+
+
+def test_parameter_counts():
+    """GPT-2 shapes count what jaxhc's model holds; LLaMA-7B the released checkpoint's count."""
+    for name in ("gpt2-small", "gpt2-medium"):
+        shape = load_shape(name)
+        assert shape.params() == Plan(shape.gpt, MeshConfig()).layout.size
+    assert LLAMA["llama-7b"].params() == 6_738_415_616
+    assert 12.8e9 < LLAMA["llama-13b"].params() < 13.1e9
+    assert 32.0e9 < LLAMA["llama-30b"].params() < 32.6e9
+    assert 65.0e9 < LLAMA["llama-65b"].params() < 65.5e9
+
+
+@pytest.mark.parametrize("tensor", [1, 2])
+@pytest.mark.parametrize("data, groups", [(8, None), (8, [2]), (8, [4]), (8, [2, 4]), (4, [2])])
+def test_generalised_collectives_are_jaxhcs_for_every_valid_plan(data, groups, tensor):
+    """For s_p = 1 in float32 the cost model's data collectives are `data_collectives`' (equal to
+    the ledger's, tests/test_plan.py), raw and under zfp:8, per sub-axis and kind."""
+    plans = valid_plans(data, groups)
+    assert plans
+    for p, g, o in plans:
+        shard = {"params": p, "grads": g, "optim": o, "groups": groups}
+        mesh = MeshConfig(data, tensor, 1, 1, shard=shard)
+        lay = _layout(mesh)
+        ours = collectives(SHAPE, lay, 64, 16, CLUSTER, codec_by_policy(ZDATA))
+        ours = [c for c in ours if c.axis.startswith("data")]
+        theirs = data_collectives(mesh, 4 * Plan(CFG, mesh).layout.padded)
+        got_raw, got_wire, want_raw, want_wire = (defaultdict(float) for _ in range(4))
+        for c in ours:
+            assert c.count == 1
+            got_raw[c.axis, c.kind] += c.raw
+            got_wire[c.axis, c.kind] += c.wire
+        for c in theirs:
+            want_raw[c.axis, c.kind] += c.bytes
+            want_wire[c.axis, c.kind] += c.wire(ZDATA)
+        assert dict(got_raw) == pytest.approx(dict(want_raw), rel=1e-12)
+        assert dict(got_wire) == pytest.approx(dict(want_wire), rel=1e-12)
+        assert [(c.axis, c.op) for c in ours] == [(c.axis, c.op) for c in theirs]
+
+
+@pytest.mark.parametrize("shard", [{}, {"optim": 1}, {"grads": 1, "optim": 4, "groups": [4]}])
+def test_float32_state_is_jaxhcs_exact_count(shard):
+    mesh = MeshConfig(8, 1, 1, 1, shard=shard)
+    want = state_bytes(CFG, mesh)
+    got = memory(SHAPE, _layout(mesh), 64, 16)
+    assert (got.params, got.grads, got.optim) == (want.params, want.grads, want.optim)
+
+
+def test_sharded_parameters_follow_the_formulas():
+    """s_p > 1 (ZeRO-3-like): P = 4 psi_pad / s_p; the parameters are gathered forward and backward
+    every micro-batch, (s_p - 1) / s_p n each time, and the gradients reduce-scattered per
+    micro-batch; the trainer refuses it today, and the plan says so."""
+    mesh = MeshConfig(8, 1, 1, 1)
+    padded = Plan(CFG, mesh).layout.padded
+    lay = Layout(8, 1, 1, 2, 8, 8, 8, (8,))
+    mem = memory(SHAPE, lay, 64, 16)
+    assert (mem.params, mem.grads, mem.optim) == (
+        4 * padded // 8,
+        4 * padded // 8,
+        4 * (3 * padded // 8 + 2),
+    )
+    comms = collectives(SHAPE, lay, 64, 16, CLUSTER)
+    gathers = [c for c in comms if c.kind == "param" and c.count == 4]
+    assert len(gathers) == 1 and gathers[0].raw == 7 / 8 * 4 * padded
+    rs = [c for c in comms if c.op == "psum_scatter"]
+    assert [c.count for c in rs] == [2]
+    assert not [c for c in comms if c.kind == "param" and c.count == 1]  # nothing to exchange
+    assert trainable(SHAPE, lay) == "not trainable yet (s_p > 1)"
+    assert trainable(SHAPE, dataclasses.replace(lay, params=1)) == "yes"
+    assert trainable(LLAMA["llama-7b"], lay) == "shapes only"
+
+
+def test_mixed_precision_is_amsps_count():
+    shape = LLAMA["llama-7b"]
+    lay = Layout(64, 1, 1, 1, 8, 8, 64, (8, 64), precision="mixed")
+    mem = memory(shape, lay, 64, 2048)
+    psi = shape.device_params(1, 1)
+    pad = -(-psi // 256) * 256
+    from jaxhc.parallel.amsp import ShardPlan
+
+    want = amsp_bytes(pad, ShardPlan(64, 8, 8, 64, ("data.0", "data.1"), (8, 8)))
+    assert (mem.params, mem.grads, mem.optim) == (want.params, want.grads, want.optim)
+
+
+def test_activations_with_and_without_recomputation():
+    shape = LLAMA["llama-7b"]
+    base = Layout(8, 2, 1, 1, 1, 8, 8, (8,), precision="mixed")
+    b, s, h, f, a, t = 8, 2048, 4096, 11008, 32, 2
+    per_layer = 2 * b * s * (2 * h + 4 * h // t + 2 * h + 4 * f // t) + 2 * a // t * b * s * s
+    full = memory(shape, base, 64, 2048).activations
+    assert full == 32 * per_layer
+    rc = memory(shape, dataclasses.replace(base, recompute=True), 64, 2048).activations
+    assert rc == 32 * 2 * b * s * h + per_layer
+    piped = Layout(4, 2, 2, 4, 1, 4, 4, (4,), precision="mixed")  # GPipe: 4 micro-batches alive
+    assert memory(shape, piped, 128, 2048).activations == 4 * 16 * per_layer
+
+
+def test_time_is_latency_bandwidth_and_codec():
+    link = CLUSTER.intra
+    c = Comm("data", "grad", "psum_scatter", 4, 4, 1 << 20, 4, 1)
+    assert c.seconds(CLUSTER) == pytest.approx(
+        3 * link.latency + 3 / 4 * 4 * 2**20 / link.bandwidth
+    )
+    far = dataclasses.replace(c, span=16)
+    assert far.seconds(CLUSTER) == pytest.approx(
+        3 * CLUSTER.inter.latency + 3 / 4 * 4 * 2**20 / CLUSTER.inter.bandwidth
+    )
+    # a flat ring with 2 members per node: each step crosses a node boundary once per 2 hops
+    two = dataclasses.replace(far, per_node=2)
+    assert two.bandwidth(CLUSTER) == 2 * CLUSTER.inter.bandwidth
+    assert dataclasses.replace(far, per_node=4).bandwidth(CLUSTER) == 4 * CLUSTER.inter.bandwidth
+    flat = Layout(16, 1, 1, 1, 1, 16, 16, (16,))
+    assert {c.per_node for c in collectives(SHAPE, flat, 64, 16, CLUSTER)} == {4}
+    nested = Layout(16, 1, 1, 1, 1, 16, 16, (4, 16))  # the outer level: one member per node
+    assert [c.per_node for c in collectives(SHAPE, nested, 64, 16, CLUSTER)] == [4, 1, 1, 4]
+    z = dataclasses.replace(far, codec=jaxhc.codecs.parse("zfp:8"))
+    speed = CLUSTER.codecs["zfp:8"]
+    codec_s = 4 * 2**20 / speed.encode + 4 * 2**20 / speed.decode
+    assert z.seconds(CLUSTER) == pytest.approx(
+        3 * CLUSTER.inter.latency + z.wire / CLUSTER.inter.bandwidth + codec_s
+    )
+    assert z.wire < far.raw / 3.9
+
+
+def test_search_ranks_rejects_and_marks():
+    rows = search(SHAPE, CLUSTER, 64, 16, codecs=("none", "zfp:8"), model_parallel="all")
+    fits = [r for r in rows if not r.rejected]
+    times = [r.comm_seconds for r in fits]
+    assert fits and all(a <= b * 1.01 for a, b in zip(times, times[1:], strict=False))
+    assert {r.layout.tensor * r.layout.pipe for r in fits} == {1, 2, 4, 8, 16}
+    smallest = search(SHAPE, CLUSTER, 64, 16)  # model_parallel="min": tensor = pipe = 1 fits
+    assert {(r.layout.tensor, r.layout.pipe) for r in smallest} == {(1, 1)}
+    odd = search(SHAPE, CLUSTER, 24, 16, model_parallel="all")  # 24 sequences over 16 ranks
+    invalid = {r.rejected for r in odd if r.rejected.startswith("invalid")}
+    assert "invalid: batch 24 is not divisible by data 16 x microbatches 1" in invalid
+    lay = odd[0].layout
+    assert not odd[0].rejected and 24 % (lay.data * lay.microbatches) == 0
+    fams = best_of_families(rows)
+    assert {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "MiCS", "AMSP"} <= set(fams)
+    assert fams["ZeRO-3"].trainable == "not trainable yet (s_p > 1)"
+    # the best plan's time is what its collectives add up to
+    best = fits[0]
+    assert best.comm_seconds == pytest.approx(
+        comm_time(collectives(SHAPE, best.layout, 64, 16, CLUSTER), CLUSTER)
+    )
+    # a limit between the DDP and ZeRO-3 memory rejects DDP as out of memory, one line each
+    fams = best_of_families(search(SHAPE, CLUSTER, 64, 16, tensors=[1], pipes=[1]))
+    ddp, z3 = fams["DDP"].memory.total, fams["ZeRO-3"].memory.total
+    tight = dataclasses.replace(CLUSTER, memory=(ddp + z3) / 2)
+    rows = search(SHAPE, tight, 64, 16, tensors=[1], pipes=[1])
+    assert "DDP" not in best_of_families(rows)
+    text = table(rows, top=3, rejected=1000)
+    oom = [x for x in text.splitlines() if "out of memory" in x]
+    assert oom and all(x.startswith("rejected: ") and x.count("GiB >") == 1 for x in oom)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"nodes": 0}, "nodes=0 must be a positive integer"),
+        ({"memory_gib": "lots"}, "memory_gib='lots' must be a number"),
+        ({"links": {"intra": {"gbit_s": 1, "latency_us": 1}}}, "links.inter is missing"),
+        (
+            {"links": {"intra": {"gbit_s": 1}, "inter": {"gbit_s": 1, "latency_us": 1}}},
+            "links.intra.latency_us is missing",
+        ),
+        ({"codecs": {"zfp:1": {"encode_gb_s": 1, "decode_gb_s": 1}}}, "codecs.zfp:1"),
+        ({"codecs": {"q8": {"encode_gb_s": 1}}}, "codecs.q8.decode_gb_s is missing"),
+        ({"color": "blue"}, "unknown cluster key color"),
+    ],
+)
+def test_cluster_file_errors_name_the_key(change, message):
+    data = {**CLUSTER.to_dict(), **change}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")) as e:
+        clusters.from_dict(data)
+    assert "\n" not in str(e.value)
+
+
+def test_cluster_round_trip(tmp_path):
+    path = tmp_path / "c.yaml"
+    CLUSTER.dump(str(path))
+    back = clusters.load(str(path))
+    assert back.to_dict() == CLUSTER.to_dict()
+    assert back.intra.bandwidth == pytest.approx(CLUSTER.intra.bandwidth)
+    with pytest.raises(ValueError, match="no speed for codec 'q8'"):
+        back.speed("q8")
+    assert back.speed("zfp:8") == CLUSTER.codecs["zfp:8"]
+
+
+def test_example_cluster_and_llama_presets():
+    a100 = clusters.load("configs/clusters/a100-1024.yaml")
+    assert a100.devices == 1024 and a100.memory == 80 * 2**30
+    rows = search(LLAMA["llama-7b"], a100, 1024, 2048, precision="mixed", tensors=[1], pipes=[1])
+    fits = [r for r in rows if not r.rejected]
+    assert fits and all(r.memory.total <= a100.memory for r in fits)
+    assert any(r.rejected.startswith("out of memory") for r in rows)  # DDP: 16 psi > 80 GB
+
+
+@pytest.mark.parametrize("data, tensor, pipe, micro", [(2, 2, 2, 2), (2, 1, 4, 4), (1, 2, 4, 2)])
+def test_tensor_and_pipe_bytes_are_the_ledgers(data, tensor, pipe, micro):
+    """Tensor all-reduces, pipeline sends and the shared gradients' all-reduce over pipe: the
+    cost model's raw bytes per device are the ledger's (per axis and kind) for a jaxhc step."""
+    import jax
+    from _gpt import OPTIM, SEED, batch
+
+    from jaxhc.parallel import init_state, make_mesh, make_train_step
+
+    mc = MeshConfig(data, tensor, pipe, micro)
+    mesh = make_mesh(mc, jax.devices()[: mc.size])
+    step = make_train_step(CFG, mc, OPTIM, mesh, "none")
+    state = init_state(CFG, mc, OPTIM, mesh, SEED, policy="none")
+    ledger = jaxhc.accounting.Ledger()
+    with ledger:
+        jax.block_until_ready(step(state, batch(0, size=16))[1])
+    got = ledger.per_axis(devices=mc.size, by_kind=True)
+    got = {k: v["raw_bytes"] for k, v in got.items() if k.split("/")[0] in ("tensor", "pipe")}
+    got.pop("pipe/other", None)  # the loss's scalars
+    lay = Layout(data, tensor, pipe, micro, 1, data, data, (data,))
+    want = defaultdict(float)
+    for c in collectives(SHAPE, lay, 16, CFG.block_size, CLUSTER):
+        if c.axis in ("tensor", "pipe"):
+            want[f"{c.axis}/{c.kind}"] += c.count * c.raw
+    assert got == pytest.approx(dict(want), rel=1e-12)
