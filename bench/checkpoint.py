@@ -69,6 +69,15 @@ class PeakRss:
         self.extra = self.peak - self.base
 
 
+def to_jax(leaves: list) -> list:
+    """Host arrays -> jax arrays, one at a time, each host array let go once copied (so the copy
+    costs the largest leaf, not a second block)."""
+    out = []
+    while leaves:
+        out.append(jax.numpy.asarray(leaves.pop(0)))
+    return out
+
+
 class Sharded:
     def __init__(self, comm, plan, coords, directory):
         self.plan, self.coords = plan, coords
@@ -79,7 +88,7 @@ class Sharded:
 
     def restore(self, step):
         [(_, leaves)] = self.ckpt.restore(self.plan, [self.coords], step)
-        return [jax.numpy.asarray(x) for x in leaves]
+        return to_jax(leaves)
 
 
 class Gather:
