@@ -4,9 +4,11 @@ Each host is a network namespace with one veth interface (`veth0`, address 10.77
 peer sits on a bridge in a namespace of its own; a `tbf` qdisc on each host's interface limits that
 host's egress to the link rate (both directions of a pair are shaped: each by its sender). Nothing
 is added to the machine's own namespace. Open MPI reaches the hosts through an rsh agent that runs
-`ip netns exec <host> sh -c "$*"`; `mpirun` itself runs inside host 0. Every command in a host also
-gets its own UTS namespace named after the host: Open MPI keys its session directories in the
-shared /tmp by host name, and with one name for all hosts 4-host jobs failed to start 1 time in 5.
+`ip netns exec <host> sh -c "$*"`; `mpirun` itself runs inside host 0. `run_distributed` starts
+one process per host instead, as the processes of a jax.distributed job. Every command in a host
+also gets its own UTS namespace named after the host: Open MPI keys its session directories in
+the shared /tmp by host name, and with one name for all hosts 4-host jobs failed to start 1 time
+in 5.
 
 Names start with `jaxhc-links-<pid>-`, pid the process that made them, so `remove_leftovers()` can
 find and delete what a killed run left behind (and leaves a live run's cluster alone).
@@ -140,6 +142,7 @@ class Cluster:
             c.run([".venv/bin/python", "bench/collectives.py", "--transport", "mpi"])
             c.set_rate("100mbit")              # the live cluster's links change
             c.run(["jaxhc", "train", "--transport", "mpi", ...], timeout=3600)
+            c.run_distributed(["jaxhc", "train", "--transport", "xla", ...])  # no mpirun
 
     Leaving the `with` block (normally, on an exception, on SIGINT, SIGTERM or SIGHUP) ends the
     processes started in the hosts and deletes every namespace the cluster made. One cluster per

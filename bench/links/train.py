@@ -80,6 +80,7 @@ def run(args) -> dict:
                     if args.steps:
                         cmd += ["--steps", str(args.steps)]
                     print(f"P={hosts} {args.rate} {policy}: training ...", flush=True)
+                    load_at_start = os.getloadavg()  # this machine is shared: say how busy
                     if xla:  # one process per host, one device each, jax.distributed
                         cluster.run_distributed(
                             cmd + list(args.overrides), timeout=args.timeout, env=env
@@ -89,6 +90,8 @@ def run(args) -> dict:
                     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
                         records = [json.loads(line) for line in f]
                     summary = {"hosts": hosts, "policy": policy, **summarize(records)}
+                    summary["load_average_at_start"] = load_at_start
+                    summary["load_average_at_end"] = os.getloadavg()
                     result["runs"].append(summary)
                     print(_line(summary), flush=True)
                     out.parent.mkdir(parents=True, exist_ok=True)
