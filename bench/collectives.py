@@ -18,6 +18,10 @@ gradient-like data, a smooth signal plus small noise; `--data noise` for noise),
 `jaxhc.Launcher` on one of two transports:
 
 - `--transport xla`: one process, P simulated host devices (`shard_map`), P from --parts.
+- `--transport xla` started as several processes (JAXHC_* variables, SLURM, or mpirun: see
+  `jaxhc.launch.init_distributed`): one device per process, P = the number of processes, XLA's
+  collectives across processes through jax.distributed (gloo on CPU); `python -m bench.links
+  bench --transport xla` runs it across shaped links. Process 0 prints and writes the JSON.
 - `--transport mpi`: one process per rank under mpirun (P = the number of processes); jaxhc's
   collectives move their payloads with mpi4jax. Rank 0 prints the table and writes the JSON.
 
@@ -120,16 +124,39 @@ def codec_speed(spec: str, n: int, kind: str, repeats: int) -> tuple[float, floa
 
 
 class Transport:
-    """The launchers for P ranks on one transport; under MPI, the communicator and rank."""
+    """The launchers for P ranks on one transport; under MPI, the communicator and rank; under
+    XLA started as several processes (jax.distributed), the process count and index."""
 
     def __init__(self, name: str):
-        self.name, self.comm, self.rank = name, None, 0
+        self.name, self.comm, self.rank, self.processes = name, None, 0, 1
         if name == "mpi":
             # Ranks waiting in MPI yield their core (read at MPI_Init, which importing MPI runs).
             os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
             from mpi4py import MPI
 
             self.comm, self.rank, self.max = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.MAX
+        else:  # one process; or one of several (JAXHC_*, SLURM, mpirun): jax.distributed, gloo
+            env = jaxhc.launch.init_distributed()
+            self.processes, self.rank = env.num_processes, env.process_id
+            self._barriers = 0
+
+    @property
+    def per_process(self) -> bool:
+        """One rank per process (MPI, or XLA across processes) rather than P devices in one."""
+        return self.comm is not None or self.processes > 1
+
+    def barrier(self) -> None:
+        """Every process waits for the others (jax.distributed's coordination service)."""
+        from jax._src import distributed
+
+        self._barriers += 1
+        distributed.global_state.client.wait_at_barrier(f"bench{self._barriers}", 600_000)
+
+    def gather(self, value: float) -> list[float]:
+        """`value` of every process, in process order (a collective over the devices)."""
+        from jax.experimental import multihost_utils
+
+        return [float(v) for v in multihost_utils.process_allgather(np.float64(value))]
 
     def launchers(self, parts: int) -> dict:
         if self.comm is None:
@@ -142,6 +169,11 @@ class Transport:
         }
 
     def speed(self, *key) -> tuple[float, float]:
+        if self.processes > 1:  # process 0's, as under MPI
+            from jax.experimental import multihost_utils
+
+            mine = np.asarray(codec_speed(*key) if self.rank == 0 else (0.0, 0.0), np.float64)
+            return tuple(float(v) for v in multihost_utils.broadcast_one_to_all(mine))
         if self.comm is None:
             return codec_speed(*key)
         return self.comm.bcast(codec_speed(*key) if self.rank == 0 else None)
@@ -152,7 +184,11 @@ class Transport:
         with jaxhc.accounting.Ledger() as ledger:  # the second call is the warm-up
             jax.block_until_ready(step(x))
         zero = {"raw_bytes": 0.0, "wire_bytes": 0.0, "fallbacks": 0.0, "calls": 0.0}
-        per = ledger.per_axis(devices=1 if self.comm else parts).get("x", zero)
+        per = ledger.per_axis(devices=1 if self.per_process else parts).get("x", zero)
+        if self.processes > 1:
+            t = timings(lambda: step(x), repeats, warmup=0, before=self.barrier)
+            out = {k: max(self.gather(v)) for k, v in t.items()}
+            return {**out, "cpu_s_per_rank": self.gather(t["cpu_s"])}, per
         if self.comm is None:
             return timings(lambda: step(x), repeats, warmup=0), per
         t = timings(lambda: step(x), repeats, warmup=0, before=self.comm.Barrier)
@@ -259,9 +295,14 @@ def main(argv=None) -> None:
     sizes = [int(s) for s in args.sizes_kb.split(",")]
     codecs = [c for c in args.codecs.split(",") if c != "lax-allreduce" or args.transport == "mpi"]
     tr = Transport(args.transport)
-    parts_list = [tr.comm.Get_size()] if tr.comm else [int(p) for p in args.parts.split(",")]
+    if tr.comm:
+        parts_list = [tr.comm.Get_size()]
+    elif tr.processes > 1:
+        parts_list = [tr.processes]  # one device per process
+    else:
+        parts_list = [int(p) for p in args.parts.split(",")]
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        jax.config.update("jax_num_cpu_devices", 1 if tr.comm else max(parts_list))
+        jax.config.update("jax_num_cpu_devices", 1 if tr.per_process else max(parts_list))
     say = print if tr.rank == 0 else (lambda *a, **k: None)
     records = []
     for parts in parts_list:
@@ -285,10 +326,12 @@ def main(argv=None) -> None:
         rows = [row(r, linked) for r in records]
         columns = COLUMNS[:11] + ["ring ms"] * linked + COLUMNS[11:]
         what = "MPI, one process per rank" if tr.comm else "XLA, simulated host devices"
+        if tr.processes > 1:
+            what = "XLA, one process per rank (jax.distributed, gloo)"
         if linked:
             what += f", links {rate_label(args.link_rate)}"
         print_table(f"jaxhc collectives per rank and call ({what})", columns, rows)
-        name = f"collectives_{args.transport}" + (f"_np{parts_list[0]}" if tr.comm else "")
+        name = f"collectives_{args.transport}" + (f"_np{parts_list[0]}" if tr.per_process else "")
         out = args.out or f"bench/results/{name}{'_quick' if args.quick else ''}.json"
         write_json(
             out,

@@ -121,3 +121,29 @@ def _backends_started() -> bool:
         return bool(xla_bridge.backends_are_initialized())
     except (ImportError, AttributeError):  # pragma: no cover - other jax versions
         return False
+
+
+def use_gloo_address(hostname: str | None = None, interface: str | None = None) -> None:
+    """Make the CPU backend's gloo collectives listen on `hostname` (a name or an IP address) or on
+    the first address of network `interface`, instead of what this machine's host name resolves to.
+
+    jax builds its gloo collectives with neither (jax 0.10: `xla_bridge.make_cpu_client`), so gloo
+    resolves `gethostname()`; jaxlib's `make_gloo_tcp_collectives` takes both. This registers a CPU
+    backend factory that passes them; call it after `jax.distributed.initialize` and before
+    anything starts jax's backends.
+    """
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("use_gloo_address: jax's backends are already initialized")
+
+    def make_cpu_client():
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=distributed.global_state.client,
+            hostname=hostname,
+            interface=interface,
+        )
+        return xla_bridge.make_cpu_client(collectives)
+
+    xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0, fail_quietly=False)

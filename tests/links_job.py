@@ -1,8 +1,10 @@
 """The job that tests/test_links.py runs across a 2-host shaped-link cluster (one rank per host):
 
     mpirun ... python tests/links_job.py OUT.npz
+    python -m bench.links run --distributed ... -- python tests/links_job.py OUT.npz xla
 
-A 1 MiB-per-rank psum, plain and zfp:8, over the MPI transport; rank 0 saves the global results.
+A 1 MiB-per-rank psum, plain and zfp:8, over the MPI transport (or the XLA transport across two
+jax.distributed processes); rank 0 saves the global results.
 """
 
 from __future__ import annotations
@@ -33,15 +35,21 @@ def steps(launcher):
     }
 
 
-def main(out: str) -> None:
+def main(out: str, transport: str = "mpi") -> None:
+    import jax
+
     import jaxhc
 
-    launcher = jaxhc.Launcher({"x": 2}, "mpi")
+    rank = 0
+    if transport == "xla":  # one process per host: jax.distributed from the JAXHC_* variables
+        jax.config.update("jax_num_cpu_devices", 1)
+        rank = jaxhc.launch.init_distributed().process_id
+    launcher = jaxhc.Launcher({"x": 2}, transport)
     x = launcher.put(data(), P("x"))
     got = {k: launcher.fetch(step(x), P()) for k, step in steps(launcher).items()}
-    if launcher.grid.rank == 0:
+    if (launcher.grid.rank if launcher.grid else rank) == 0:
         np.savez(out, **got)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -107,3 +107,34 @@ def test_a_mesh_that_does_not_split_over_the_processes_is_one_line(tmp_path):
         "jaxhc train: error: mesh size 4 is not a multiple of the 3 processes of this job "
         "(started by jaxhc): each process takes an equal share"
     ), err
+
+
+def test_plain_psum_scatter_across_processes_is_the_rank_order_sum():
+    """jax.lax.psum_scatter across jax.distributed processes (gloo's halving-doubling
+    reduce-scatter) now and then returns wrong values on rank 0 for pieces of a few MiB
+    (jax-ml/jax#40830; measured here: 2 of 10 calls with 32 MiB pieces). jaxhc's plain
+    psum_scatter on the XLA transport goes around it (an all_to_all and a rank-order sum): every
+    call equals the rank-order sum, bit for bit."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    job = [sys.executable, str(ROOT / "tests" / "scatter_job.py"), "6"]
+    procs = [
+        subprocess.Popen(
+            job,
+            env=clean_env(
+                JAXHC_PROCESS_ID=str(r), JAXHC_NUM_PROCESSES="2", JAXHC_COORDINATOR=coordinator
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+        for r in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for out in outs:
+        assert "jaxhc 0/6 " in out, out  # lax's count is printed, not asserted (intermittent)

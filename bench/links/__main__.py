@@ -1,8 +1,11 @@
 """`python -m bench.links`: shaped-link clusters on this machine (root only).
 
     python -m bench.links bench [--quick] [--hosts 2,4] [--rates 100mbit,1gbit,unshaped] ...
+    python -m bench.links bench --transport xla ...        # jax.distributed instead of mpirun
     python -m bench.links run --hosts 2 --rate 1gbit [--timeout S] -- COMMAND ...
+    python -m bench.links run --distributed --hosts 2 -- COMMAND ...
     python -m bench.links train [--hosts 2,4] [--rate 1gbit] [--policies none,zhybrid] [...]
+    python -m bench.links train --transport xla ...
     python -m bench.links probe --hosts 2 --rates 100mbit,1gbit,unshaped
     python -m bench.links report bench/results/links.json
     python -m bench.links clean [--all]
@@ -10,7 +13,11 @@
 
 `bench` runs bench/collectives.py --transport mpi across the hosts for each P and rate; `train`
 runs `jaxhc train --transport mpi` across them per policy (bench/links/train.py); `run`
-runs any command under mpirun (one rank per host); `probe` measures one TCP stream from host 0 to
+runs any command under mpirun (one rank per host). With `--transport xla` (`run --distributed`)
+there is no mpirun: one process per host forms a jax.distributed job (coordinator on host 0's
+address, gloo on each host's own: the JAXHC_* variables of `Cluster.distributed_env`); when one
+fails, the others get 60 s to end by themselves, and the error names the host that failed first.
+`probe` measures one TCP stream from host 0 to
 host 1 at each rate; `report` redoes a sweep's markdown and PNG; `clean` deletes the namespaces of
 runs that were killed (--all: of every run); `check` says whether clusters can be made here.
 
@@ -45,6 +52,10 @@ def main(argv=None) -> int:
     r.add_argument("--rate", default="1gbit", help="100mbit, 1gbit, ... or unshaped")
     r.add_argument("--ranks-per-host", type=int, default=1)
     r.add_argument("--timeout", type=float, help="seconds (default: none)")
+    r.add_argument(
+        "--distributed", action="store_true",
+        help="no mpirun: one process per host of a jax.distributed job (JAXHC_* variables)",
+    )  # fmt: skip
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     p = sub.add_parser("probe", help="TCP throughput from host 0 to host 1 per rate")
     p.add_argument("--hosts", type=int, default=2)
@@ -92,6 +103,9 @@ def main(argv=None) -> int:
             train.run(args)
         elif args.cmd == "run":
             with Cluster(args.hosts, args.rate) as cluster:
+                if args.distributed:
+                    cluster.run_distributed(command, timeout=args.timeout)
+                    return 0
                 done = cluster.run(
                     command, ranks_per_host=args.ranks_per_host, timeout=args.timeout, check=False
                 )

@@ -4,9 +4,11 @@ Each host is a network namespace with one veth interface (`veth0`, address 10.77
 peer sits on a bridge in a namespace of its own; a `tbf` qdisc on each host's interface limits that
 host's egress to the link rate (both directions of a pair are shaped: each by its sender). Nothing
 is added to the machine's own namespace. Open MPI reaches the hosts through an rsh agent that runs
-`ip netns exec <host> sh -c "$*"`; `mpirun` itself runs inside host 0. Every command in a host also
-gets its own UTS namespace named after the host: Open MPI keys its session directories in the
-shared /tmp by host name, and with one name for all hosts 4-host jobs failed to start 1 time in 5.
+`ip netns exec <host> sh -c "$*"`; `mpirun` itself runs inside host 0. `run_distributed` starts
+one process per host instead, as the processes of a jax.distributed job. Every command in a host
+also gets its own UTS namespace named after the host: Open MPI keys its session directories in
+the shared /tmp by host name, and with one name for all hosts 4-host jobs failed to start 1 time
+in 5.
 
 Names start with `jaxhc-links-<pid>-`, pid the process that made them, so `remove_leftovers()` can
 find and delete what a killed run left behind (and leaves a live run's cluster alone).
@@ -31,6 +33,7 @@ from .rates import parse_rate, rate_label
 PREFIX = "jaxhc-links-"
 SUBNET = "10.77.0.0/24"
 IFACE = "veth0"
+COORDINATOR_PORT = 47000  # jax.distributed's coordinator, in host 0 (each host has its own ports)
 _TBF = ("burst", "256kb", "latency", "50ms")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -139,6 +142,7 @@ class Cluster:
             c.run([".venv/bin/python", "bench/collectives.py", "--transport", "mpi"])
             c.set_rate("100mbit")              # the live cluster's links change
             c.run(["jaxhc", "train", "--transport", "mpi", ...], timeout=3600)
+            c.run_distributed(["jaxhc", "train", "--transport", "xla", ...])  # no mpirun
 
     Leaving the `with` block (normally, on an exception, on SIGINT, SIGTERM or SIGHUP) ends the
     processes started in the hosts and deletes every namespace the cluster made. One cluster per
@@ -354,6 +358,94 @@ class Cluster:
             raise ClusterError(f"{label} failed in the cluster: {tail[0]}")
         return subprocess.CompletedProcess(argv, p.returncode, stdout, stderr)
 
+    # --- jax.distributed across the hosts ------------------------------------------------------
+
+    def distributed_env(self, host: int, port: int = COORDINATOR_PORT) -> dict:
+        """The variables that make a process in host `host` process `host` of a jax.distributed
+        job across the cluster: coordinator on host 0's address, gloo on the host's own address."""
+        return {
+            "JAXHC_PROCESS_ID": str(host),
+            "JAXHC_NUM_PROCESSES": str(self.hosts),
+            "JAXHC_COORDINATOR": f"{self.addresses[0]}:{port}",
+            "JAXHC_GLOO_HOSTNAME": self.addresses[host],
+        }
+
+    def run_distributed(
+        self,
+        command: list[str],
+        *,
+        timeout: float | None = None,
+        env: dict | None = None,
+        capture: bool = False,
+        check: bool = True,
+        grace: float = 60.0,
+        port: int = COORDINATOR_PORT,
+        on_start=None,
+    ) -> list[subprocess.CompletedProcess]:
+        """Run `command` once in every host as one process of a jax.distributed job (no mpirun):
+        process i in host i, the coordinator in host 0 (`distributed_env`); wait for all.
+
+        When a process fails (non-zero exit, or killed), the others get `grace` seconds to end by
+        themselves (jax's coordination service ends them once it misses the failed process's
+        heartbeats), then they are ended. With `check`, a ClusterError names the host that failed
+        first. `env` adds to this process's environment (a value None removes the variable).
+        `capture`: each host's stdout+stderr (text) in its CompletedProcess's stdout.
+        `on_start(procs)` is called once every process has started (tests use it to kill one).
+        """
+        if self._tmp is None:
+            raise ClusterError("the cluster is not started")
+        label, procs, logs = os.path.basename(command[0]), [], []
+        try:
+            for host in range(self.hosts):
+                log = None
+                if capture:
+                    log = open(os.path.join(self._tmp, f"host{host}.{len(self._procs)}.log"), "w+")
+                    logs.append(log)
+                p = subprocess.Popen(
+                    self.host_argv(host, command),
+                    env=_environ(env, self.distributed_env(host, port)),
+                    stdout=log, stderr=subprocess.STDOUT if capture else None, text=True,
+                    start_new_session=True,
+                )  # fmt: skip
+                procs.append(p)
+                self._procs.append(p)
+            if on_start is not None:
+                on_start(procs)
+            failed, later, ended = _watch(procs, timeout, grace)
+            if failed == "timeout":
+                raise ClusterError(f"{label} timed out after {timeout:g} s in the cluster")
+        finally:
+            for p in procs:
+                _kill_group(p)
+                self._procs.remove(p)
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read())
+            log.close()
+        done = [
+            subprocess.CompletedProcess(p.args, p.returncode, outputs[i] if capture else None, None)
+            for i, p in enumerate(procs)
+        ]
+        if check and failed is not None:
+            raise ClusterError(self._failure(label, procs, failed, later, ended, grace))
+        return done
+
+    def _failure(self, label, procs, first, later, ended, grace) -> str:
+        host = first[0]
+        parts = [
+            f"{label} failed in the cluster: host {host} ({self.names[host]}, "
+            f"{self.addresses[host]}) {_how(procs[host].returncode)} first"
+        ]
+        for i, p in enumerate(procs):
+            if i in ended:
+                parts.append(f"host {i} was still running {grace:g} s later and was ended")
+            elif i in later:
+                parts.append(f"host {i} {_how(p.returncode)} {later[i]:.1f} s later")
+            elif i != host:
+                parts.append(f"host {i} {_how(p.returncode)} before it")
+        return "; ".join(parts)
+
     def throughput(self, src: int = 0, dst: int = 1, nbytes: int = 32 << 20) -> float:
         """TCP bit/s from host `src` to `dst`: one stream of `nbytes`, on the receiver's clock."""
         server = self.host_argv(dst, [sys.executable, "-c", _RECV, self.addresses[dst]])
@@ -372,6 +464,51 @@ class Cluster:
         if int(got) != nbytes:
             raise ClusterError(f"throughput probe: received {got} of {nbytes} bytes")
         return int(timed) * 8 / float(seconds)
+
+
+def _environ(*changes: dict | None) -> dict:
+    env = dict(os.environ)
+    for change in changes:
+        for k, v in (change or {}).items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+    return env
+
+
+def _how(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with status {returncode}"
+
+
+def _watch(procs: list[subprocess.Popen], timeout, grace):
+    """Wait for `procs`. Returns (first, later, ended): `first` the (index, seconds from the start)
+    of the first process that failed, None, or "timeout"; `later` {index: seconds after that
+    failure} of the processes that ended by themselves after it; `ended` the indices of those
+    still running `grace` seconds after it, which this ended."""
+    start = time.monotonic()
+    first, later, done = None, {}, set()
+    while True:
+        now = time.monotonic() - start
+        for i, p in enumerate(procs):
+            if i not in done and p.poll() is not None:
+                done.add(i)
+                if first is None and p.returncode != 0:
+                    first = (i, now)
+                elif first is not None:
+                    later[i] = now - first[1]
+        if len(done) == len(procs):
+            return first, later, set()
+        if timeout is not None and now > timeout:
+            return "timeout", later, set()
+        if first is not None and now - first[1] > grace:
+            left = {i for i in range(len(procs)) if i not in done}
+            for i in left:
+                _kill_group(procs[i])
+            return first, later, left
+        time.sleep(0.05)
 
 
 def _kill_group(p: subprocess.Popen) -> None:

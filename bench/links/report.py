@@ -106,6 +106,8 @@ def tables(doc: dict) -> str:
         for r in doc.get("runs", [])
     ]
     run_cols = ["P", "link", "TCP Mbit/s", "load at start", "load at end"]
+    xla = doc.get("sweep", {}).get("transport", "mpi") == "xla"
+    launched = "jax.distributed job" if xla else "mpirun"
     return "\n\n".join(
         [
             "### Median ms per call, per codec (speed-up over plain)",
@@ -113,7 +115,7 @@ def tables(doc: dict) -> str:
             "### Every number",
             markdown_table(full_cols, full),
             note,
-            "### Runs (one mpirun each; 1-minute load average of the machine)",
+            f"### Runs (one {launched} each; 1-minute load average of the machine)",
             markdown_table(run_cols, runs),
         ]
     )

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .cluster import PREFIX, Cluster
+from .cluster import COORDINATOR_PORT, PREFIX, Cluster
 from .rates import parse_rate, rate_label
 
 BENCH = Path(__file__).resolve().parents[1]
@@ -48,7 +48,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rates", help=f"link rates, default {DEFAULTS['rates']}")
     ap.add_argument("--repeats", type=int, help=f"timed calls, default {DEFAULTS['repeats']}")
     ap.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per mpirun (4 h)")
-    ap.add_argument("--out", default="bench/results/links.json", help="JSON (.md, .png beside)")
+    ap.add_argument(
+        "--transport", choices=("mpi", "xla"), default="mpi",
+        help="mpi: mpirun across the hosts; xla: one process per host under jax.distributed",
+    )  # fmt: skip
+    ap.add_argument(
+        "--out", help="JSON (.md, .png beside); default bench/results/links.json (links_xla.json)"
+    )
 
 
 def _spell(cfg: dict) -> str:
@@ -83,7 +89,11 @@ def run(args: argparse.Namespace) -> None:
     from . import report  # matplotlib, and jax through bench/_common
 
     cfg = resolve(args)
-    doc = {"sweep": {k: cfg[k] for k in DEFAULTS}, "runs": [], "results": []}
+    if args.out is None:
+        name = "links.json" if args.transport == "mpi" else "links_xla.json"
+        args.out = f"bench/results/{name}"
+    sweep = {**{k: cfg[k] for k in DEFAULTS}, "transport": args.transport}
+    doc = {"sweep": sweep, "runs": [], "results": []}
     # Named as the cluster's files are, so that remove_leftovers() keeps it while this run lives.
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-sweep-") as tmp:
         for hosts in cfg["hosts"]:
@@ -103,7 +113,7 @@ def _one(cluster: Cluster, rate: str, cfg: dict, args, tmp: str, doc: dict) -> d
     command = [
         sys.executable,
         str(BENCH / "collectives.py"),
-        "--transport=mpi",
+        f"--transport={args.transport}",
         f"--collectives={cfg['collectives']}",
         f"--codecs={cfg['codecs']}",
         f"--sizes-kb={','.join(str(s * 1024) for s in cfg['sizes_mb'])}",
@@ -111,7 +121,13 @@ def _one(cluster: Cluster, rate: str, cfg: dict, args, tmp: str, doc: dict) -> d
         f"--link-rate={rate}",
         f"--out={out}",
     ]
-    cluster.run(command, timeout=args.timeout)
+    if args.transport == "mpi":
+        cluster.run(command, timeout=args.timeout)
+        spelled = " ".join(cluster.mpirun_argv(command))
+    else:
+        one = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}  # a device per host
+        cluster.run_distributed(command, timeout=args.timeout, env=one)
+        spelled = distributed_command(cluster, command)
     with open(out) as f:
         got = json.load(f)
     for r in got["results"]:
@@ -121,10 +137,20 @@ def _one(cluster: Cluster, rate: str, cfg: dict, args, tmp: str, doc: dict) -> d
         "link_rate": rate,
         "tcp_bits_per_s": tcp,
         "tcp_probe_bytes": probe,
-        "command": " ".join(cluster.mpirun_argv(command)),
+        "command": spelled,
         "machine": got["machine"],
     }
     return {**doc, "runs": [*doc["runs"], run], "results": [*doc["results"], *got["results"]]}
+
+
+def distributed_command(cluster: Cluster, command: list[str]) -> str:
+    """How `Cluster.run_distributed` starts `command`, spelled out for the JSON."""
+    return (
+        f"in each host i = 0..{cluster.hosts - 1} (its own network namespace, address "
+        f"10.77.0.<i+1>): JAXHC_PROCESS_ID=i JAXHC_NUM_PROCESSES={cluster.hosts} "
+        f"JAXHC_COORDINATOR={cluster.addresses[0]}:{COORDINATOR_PORT} "
+        f"JAXHC_GLOO_HOSTNAME=10.77.0.<i+1> {' '.join(command)}"
+    )
 
 
 def say(msg: str) -> None:

@@ -1,4 +1,5 @@
-"""Training across shaped links: `jaxhc train --transport mpi` per policy, one rank per host.
+"""Training across shaped links: `jaxhc train` per policy, one rank per host: under mpirun
+(`--transport mpi`) or as one process per host of a jax.distributed job (`--transport xla`).
 
 For each P (hosts) one cluster at one link rate; for each policy the same experiment (seed, data,
 steps) trains with data = P, and its metrics.jsonl gives the step times (the median after the
@@ -30,7 +31,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--steps", type=int, help="override train.steps")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
-    ap.add_argument("--out", default="bench/results/train_links.json")
+    ap.add_argument(
+        "--transport", choices=("mpi", "xla"), default="mpi",
+        help="mpi: mpirun across the hosts; xla: one process per host under jax.distributed",
+    )  # fmt: skip
+    ap.add_argument(
+        "--out", help="default bench/results/train_links.json (train_links_xla.json for xla)"
+    )
     ap.add_argument("overrides", nargs="*", help="dotted config overrides (model.n_layer=2 ...)")
 
 
@@ -53,11 +60,12 @@ def summarize(records: list[dict]) -> dict:
 
 
 def run(args) -> dict:
-    out = Path(args.out)
+    xla = args.transport == "xla"
+    out = Path(args.out or f"bench/results/train_links{'_xla' if xla else ''}.json")
     result = {"command": " ".join([sys.executable, "-m", "bench.links", "train", *sys.argv[2:]])}
     result.update(
-        config=args.config, rate=args.rate, overrides=args.overrides, skip_steps=SKIP_STEPS,
-        runs=[],
+        config=args.config, rate=args.rate, transport=args.transport, overrides=args.overrides,
+        skip_steps=SKIP_STEPS, runs=[],
     )  # fmt: skip
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1"}
     jaxhc = str(Path(sys.executable).parent / "jaxhc")
@@ -66,16 +74,24 @@ def run(args) -> dict:
             with Cluster(hosts, args.rate) as cluster:
                 for policy in args.policies.split(","):
                     run_dir = os.path.join(tmp, f"p{hosts}-{policy}")
-                    cmd = [jaxhc, "train", "--transport", "mpi", "--config", args.config]
+                    cmd = [jaxhc, "train", "--transport", args.transport, "--config", args.config]
                     cmd += ["--compression", policy, "--mesh", f"data={hosts},tensor=1,pipe=1"]
                     cmd += ["--out", run_dir, "--no-progress"]
                     if args.steps:
                         cmd += ["--steps", str(args.steps)]
                     print(f"P={hosts} {args.rate} {policy}: training ...", flush=True)
-                    cluster.run(cmd + list(args.overrides), timeout=args.timeout, env=env)
+                    load_at_start = os.getloadavg()  # this machine is shared: say how busy
+                    if xla:  # one process per host, one device each, jax.distributed
+                        cluster.run_distributed(
+                            cmd + list(args.overrides), timeout=args.timeout, env=env
+                        )
+                    else:
+                        cluster.run(cmd + list(args.overrides), timeout=args.timeout, env=env)
                     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
                         records = [json.loads(line) for line in f]
                     summary = {"hosts": hosts, "policy": policy, **summarize(records)}
+                    summary["load_average_at_start"] = load_at_start
+                    summary["load_average_at_end"] = os.getloadavg()
                     result["runs"].append(summary)
                     print(_line(summary), flush=True)
                     out.parent.mkdir(parents=True, exist_ok=True)

@@ -47,16 +47,23 @@ def init_distributed(
     local_device_ids=None,
     cpu_collectives="gloo",
     heartbeat_timeout_s: int = 30,
+    gloo_hostname: str | None = None,
+    gloo_interface: str | None = None,
 ):
     """`jax.distributed.initialize` from mpirun / SLURM / JAXHC_* variables (no-op for one process).
 
-    On CPU, cross-process collectives go through `cpu_collectives` ("gloo" over TCP). A process
-    that dies (killed, crashed) stops sending heartbeats; after `heartbeat_timeout_s` jax's
-    coordination service ends every other process with "Task <id> heartbeat timeout" (jax's own
-    default, 100 s, leaves the others hanging in their collectives for that long). Returns the
-    `ProcessEnv` used.
+    On CPU, cross-process collectives go through `cpu_collectives` ("gloo" over TCP). Gloo listens
+    on the address this machine's host name resolves to, unless `gloo_hostname` (a name or an IP
+    address; default $JAXHC_GLOO_HOSTNAME) or `gloo_interface` (a network interface such as
+    "eth1"; default $JAXHC_GLOO_INTERFACE) says otherwise: on hosts with several networks, name
+    the one the processes reach each other on. A process that dies (killed, crashed) stops
+    sending heartbeats; after `heartbeat_timeout_s` jax's coordination service ends every other
+    process with "Task <id> heartbeat timeout" (jax's own default, 100 s, leaves the others
+    hanging in their collectives for that long). Returns the `ProcessEnv` used.
     """
     env = env or ProcessEnv.from_env()
+    gloo_hostname = gloo_hostname or os.environ.get("JAXHC_GLOO_HOSTNAME") or None
+    gloo_interface = gloo_interface or os.environ.get("JAXHC_GLOO_INTERFACE") or None
     if not env.multi_process:
         return env
     if env.coordinator is None:
@@ -73,6 +80,10 @@ def init_distributed(
         local_device_ids=local_device_ids,
         heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
+    if cpu_collectives == "gloo" and (gloo_hostname or gloo_interface):
+        from jaxhc._compat import use_gloo_address
+
+        use_gloo_address(gloo_hostname, gloo_interface)
     return env
 
 

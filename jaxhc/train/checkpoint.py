@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -382,7 +383,7 @@ class Checkpoints:
                         insert(piece, leaves[piece.leaf], total / canon.mesh_shape["data"])
                         continue
                 store = self._open(stores, path, piece.name)
-                insert(piece, leaves[piece.leaf], store[piece.box].read().result())
+                _read_into(piece, leaves[piece.leaf], store[piece.box])
             yield c, leaves
 
     def read_global(self, plan: Plan, step: int | None = None):
@@ -404,6 +405,19 @@ class Checkpoints:
             spec = {"driver": "zarr", "kvstore": _kvstore(root, name)}
             stores[name] = ts.open(spec, open=True, context=self._context).result()
         return stores[name]
+
+
+def _read_into(piece, leaf: np.ndarray, source) -> None:
+    """Read the stored box `source` straight into its place in `leaf` (what `insert` does with a
+    read array, without the temporary copy: a restore then holds its blocks and tensorstore's
+    chunk buffers, not a second copy of the largest piece)."""
+    n = math.prod(source.shape)
+    flat = leaf.reshape(-1)
+    if n != math.prod(piece.shape) or not np.shares_memory(flat, leaf):
+        insert(piece, leaf, source.read().result())  # not a view of the leaf: copy it in
+        return
+    view = flat[piece.start : piece.start + n].reshape(source.shape)
+    ts.array(view, copy=False, write=True).write(source.translate_to[0]).result()
 
 
 def _files(root: str) -> list[str]:
