@@ -171,7 +171,8 @@ def gather_params(layout: FlatLayout, policy, shard: ShardPlan, shared_grads):
         flat = layout.flatten(shared_grads(ct))
         if not residuals:
             return scatter_levels(flat, param_steps, policy), residuals
-        return scatter_levels(flat, param_steps, policy, list(residuals))
+        g, new = scatter_levels(flat, param_steps, policy, list(residuals))
+        return g, tuple(new)
 
     gather.defvjp(fwd, bwd)
     return gather
