@@ -153,7 +153,7 @@ class ShardPlan:
         return self.chunk_of(d, self.param_axes)
 
     def chunk_of(self, d: int, axes: tuple[str, ...]) -> tuple[int, bool]:
-        """`chunk_index(axes)` of data rank `d`, and whether its coordinates outside `axes` are 0."""
+        """`chunk_index(axes)` of data rank `d`; whether its coordinates outside `axes` are 0."""
         coords = self.coords(d)
         idx = 0
         for a in reversed(axes):

@@ -12,9 +12,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxhc.launch import _blocks
 from jaxhc.model import gpt
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig, validate
-from jaxhc.launch import _blocks
 from jaxhc.parallel import zero
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout, param_specs
@@ -259,5 +259,7 @@ def params_to_single(state_or_params, model_cfg=None, mesh_cfg=None) -> dict:
     if isinstance(params, dict):
         return jax.device_get(params)
     if model_cfg is None or mesh_cfg is None:
-        raise ValueError("params_to_single: sharded parameters (flat chunks) need model_cfg, mesh_cfg")
+        raise ValueError(
+            "params_to_single: sharded parameters (flat chunks) need model_cfg, mesh_cfg"
+        )
     return Plan(model_cfg, mesh_cfg).single_params(params)

@@ -81,7 +81,9 @@ def levels(shard: ShardPlan | None) -> list[tuple[str, int]]:
     > 1 (`shard` None: the whole "data" axis, inside a shard_map)."""
     if shard is None:
         return [("data", n)] if (n := jaxhc.axis_size("data")) > 1 else []
-    return [(a, n) for a, n in zip(reversed(shard.axes), reversed(shard.sizes)) if n > 1]
+    return [
+        (a, n) for a, n in zip(reversed(shard.axes), reversed(shard.sizes), strict=True) if n > 1
+    ]
 
 
 def residual_sizes(padded: int, shard: ShardPlan) -> list[int]:
