@@ -37,10 +37,16 @@ def plans(data: int, groups: tuple[int, ...]):
     return [(g, o) for o in sizes for g in sorted({1, o})]
 
 
+def sharded_plans(data: int, groups: tuple[int, ...]):
+    """Every valid (params, grads, optim) with params > 1 (grads = params or optim)."""
+    sizes = (1, *groups, data)
+    return [(p, g, o) for o in sizes for p in sizes if 1 < p <= o for g in sorted({p, o})]
+
+
 @functools.cache
-def run(data: int, tensor: int, pipe: int, grads=None, optim=None, groups=None):
+def run(data: int, tensor: int, pipe: int, grads=None, optim=None, groups=None, params=None):
     """(per-step (loss, grad_norm) as float32 bits, final params, final opt state blocks)."""
-    shard = ShardConfig(grads=grads, optim=optim, groups=groups)
+    shard = ShardConfig(params=params, grads=grads, optim=optim, groups=groups)
     mesh_cfg = MeshConfig(data, tensor, pipe, 2, shard=shard)
     mesh = make_mesh(mesh_cfg, jax.devices()[: mesh_cfg.size])
     step = make_train_step(CFG, mesh_cfg, OPTIM, mesh, "none")
@@ -49,7 +55,8 @@ def run(data: int, tensor: int, pipe: int, grads=None, optim=None, groups=None):
     for i in range(STEPS):
         state, m = step(state, batch(i, size=16))
         metrics.append(np.array([m["loss"], m["grad_norm"]], np.float32).view(np.uint32))
-    return np.array(metrics), params_to_single(state), jax.device_get(state.opt_state)
+    single = params_to_single(state, CFG, mesh_cfg)
+    return np.array(metrics), single, jax.device_get(state.opt_state)
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -61,7 +68,9 @@ def run(data: int, tensor: int, pipe: int, grads=None, optim=None, groups=None):
         ({"optim": 3}, r"mesh.shard.optim=3 does not divide mesh.data=8"),
         ({"grads": 4, "optim": 2}, r"mesh.shard.grads=4 must divide mesh.shard.optim=2 \(AMSP"),
         ({"grads": 2, "optim": 4}, r"mesh.shard.grads=2 must equal mesh.shard.params=1 or"),
-        ({"params": 2}, r"mesh.shard.params=2: sharded parameters \(ZeRO-3\) are not impl"),
+        ({"params": 4, "grads": 2}, r"mesh.shard.params=4 must divide mesh.shard.grads=2 \("),
+        ({"params": 2, "grads": 4}, r"mesh.shard.grads=4 must equal mesh.shard.params=2 or"),
+        ({"params": 2, "groups": [4]}, r"mesh.shard.params=2 is not 1, mesh.data=8 or one of"),
         ({"optim": 2, "groups": [4]}, r"mesh.shard.optim=2 is not 1, mesh.data=8 or one of"),
         ({"groups": [3]}, r"mesh.shard.groups=\[3\]: each size must be a proper divisor"),
         ({"groups": [8]}, r"mesh.shard.groups=\[8\]: each size must be a proper divisor"),
@@ -136,6 +145,98 @@ def test_every_plan_of_data_4_with_tensor_or_pipe_is_zero_bit_for_bit(tensor, pi
     assert_same_run(got, run(4, tensor, pipe, None, None, (2,)))
 
 
+# Sharded parameters (s_p > 1): a few plans in the quick suite, every one under `slow`.
+QUICK_8 = {(8, 8, 8), (2, 2, 8), (4, 8, 8)}
+QUICK_4 = {(4, 4, 4)}
+
+
+@pytest.mark.parametrize(
+    "params, grads, optim",
+    [
+        p if p in QUICK_8 else pytest.param(*p, marks=pytest.mark.slow)
+        for p in sharded_plans(8, (2, 4))
+    ],
+)
+def test_sharded_parameters_on_data_8_are_zero_bit_for_bit(params, grads, optim):
+    """ZeRO-3 (8, 8, 8) and every plan with s_p > 1 on groups [2, 4]: parameters gathered for
+    the forward and again for the backward, whose reverse mode reduce-scatters the gradients
+    over the same levels: the losses, norms and parameters of ZeRO on those levels, bit for bit."""
+    got = run(8, 1, 1, grads, optim, (2, 4), params)
+    assert_same_run(got, run(8, 1, 1, None, None, (2, 4)))
+
+
+def test_zero_3_on_a_flat_data_axis_is_zero_bit_for_bit():
+    assert_same_run(run(8, 1, 1, None, None, None, 8), run(8, 1, 1))
+
+
+@pytest.mark.parametrize("tensor, pipe", [(2, 1), (1, 2)])
+@pytest.mark.parametrize(
+    "params, grads, optim",
+    [
+        p if p in QUICK_4 else pytest.param(*p, marks=pytest.mark.slow)
+        for p in sharded_plans(4, (2,))
+    ],
+)
+def test_sharded_parameters_on_data_4_with_tensor_or_pipe_are_zero_bit_for_bit(
+    tensor, pipe, params, grads, optim
+):
+    got = run(4, tensor, pipe, grads, optim, (2,), params)
+    assert_same_run(got, run(4, tensor, pipe, None, None, (2,)))
+
+
+def test_a_device_holds_its_parameter_chunk_only():
+    """(2, 2, 8) on data = 8: each device's parameters are 1/2 of its padded flat vector, the
+    same on the 4 replicas of a chunk (devices d and d + 2, d + 4, d + 6), and its optimizer
+    state 1/8."""
+    mesh_cfg = MeshConfig(8, 1, 1, 2, shard={"params": 2, "grads": 2, "optim": 8, "groups": [2]})
+    plan = Plan(CFG, mesh_cfg, OPTIM)
+    mesh = make_mesh(mesh_cfg, jax.devices()[:8])
+    state = init_state(CFG, mesh_cfg, OPTIM, mesh, SEED)
+    step = make_train_step(CFG, mesh_cfg, OPTIM, mesh, "none")
+    state, _ = step(state, batch(0, size=16))
+    chunk = plan.layout.padded // 2
+    shards = state.params.addressable_shards
+    assert {s.data.shape for s in shards} == {(1, 1, chunk)}
+    assert {s.data.shape for s in state.opt_state["master"].addressable_shards} == {
+        (1, 1, plan.layout.padded // 8)
+    }
+    blocks = np.asarray(state.params).reshape(8, chunk)
+    for d in range(8):
+        np.testing.assert_array_equal(blocks[d], blocks[d % 2])
+    assert not np.array_equal(blocks[0], blocks[1])
+
+
+def test_zero_3_moves_the_bytes_of_its_collectives_and_holds_one_gathered_copy():
+    """ZeRO-3 (4, 4, 4) with pipe 2: per device and step the parameters are all-gathered once
+    and the gradients reduce-scattered once; the update gathers nothing (s_p = s_os); the
+    pipeline's traffic is ZeRO's. The compiled step's arguments shrink by the 3/4 of the flat
+    parameter vector a device no longer keeps, and its temporaries grow by at most one gathered
+    copy of it (no second copy is kept between the forward and the backward)."""
+    mesh = make_mesh(MeshConfig(4, 1, 2, 2), jax.devices()[:8])
+    layout = Plan(CFG, MeshConfig(4, 1, 2, 2)).layout
+    padded = layout.padded
+    got, memory = {}, {}
+    zero3 = MeshConfig(4, 1, 2, 2, shard={"params": 4})
+    for name, cfg in (("zero3", zero3), ("zero", MeshConfig(4, 1, 2, 2))):
+        step = make_train_step(CFG, cfg, OPTIM, mesh, "none")
+        state = init_state(CFG, cfg, OPTIM, mesh, SEED)
+        memory[name] = step.lower(state, batch(0, size=16)).compile().memory_analysis()
+        ledger = jaxhc.accounting.Ledger()
+        with ledger:
+            state, m = step(state, batch(0, size=16))
+            jax.block_until_ready(m)
+        got[name] = ledger.per_axis(devices=8, by_kind=True)
+    n = 4 * padded  # float32 bytes of a device's flat vector
+    assert got["zero3"]["data/param"]["raw_bytes"] == 3 * (n / 4)
+    assert got["zero3"]["data/grad"]["raw_bytes"] == 3 / 4 * n
+    assert got["zero"]["data/param"]["raw_bytes"] == 3 * (n / 4)
+    for key in ("pipe/act", "pipe/grad"):
+        assert got["zero3"][key] == got["zero"][key], key
+    a, b = memory["zero3"], memory["zero"]
+    assert b.argument_size_in_bytes - a.argument_size_in_bytes == 4 * layout.size - n / 4
+    assert 0 <= a.temp_size_in_bytes - b.temp_size_in_bytes <= n
+
+
 def test_optimizer_state_is_split_over_its_group_and_equal_on_its_replicas():
     """(1, 1, 4) on data = 8: each device holds 1/4 of the padded vector; devices d and d + 4
     (the same chunk in the two groups) hold the same values after training."""
@@ -195,7 +296,7 @@ def test_a_nested_plan_moves_only_jaxhc_payloads():
 # --- checkpoints -------------------------------------------------------------------------------
 
 
-def _runner(shard: dict) -> XlaRunner:
+def _runner(shard: dict, compression="none") -> XlaRunner:
     mesh_cfg = MeshConfig(8, 1, 1, 2, shard=shard)
     train = TrainConfig(steps=4, batch_size=16, ckpt_every=2)
     cfg = ExperimentConfig(
@@ -203,9 +304,17 @@ def _runner(shard: dict) -> XlaRunner:
         mesh=mesh_cfg,
         optim=OPTIM,
         train=train,
-        compression="none",
+        compression=compression,
     )
     return XlaRunner(cfg, jax.devices()[:8])
+
+
+def _losses(runner, state, batches, steps):
+    out = []
+    for i in steps:
+        state, m = runner.step(state, batches.train(i))
+        out.append(np.float32(m["loss"]).view(np.uint32))
+    return state, out
 
 
 def test_a_checkpoint_resumes_under_another_plan_bit_for_bit(tmp_path):
@@ -276,3 +385,87 @@ def test_a_compressed_nested_plan_trains_within_its_codecs_fidelity(tmp_path):
         raw, wire = zfp[0]["raw_bytes"][axis], zfp[0]["wire_bytes"][axis]
         assert raw * 8 / 32 < wire < raw * 8 / 32 * 1.05, (axis, raw, wire)
     np.testing.assert_allclose([r["loss"] for r in zfp], [r["loss"] for r in plain], rtol=2e-3)
+
+
+def test_a_checkpoint_resumes_between_replicated_and_sharded_parameters_bit_for_bit(tmp_path):
+    """Saved under s_p = 1 (ZeRO), resumed under ZeRO-3 (s_p = 8); saved under ZeRO-3, resumed
+    under ZeRO: the next losses and the final parameters are the uninterrupted run's, bit for
+    bit (the canonical layout names no plan)."""
+    batches = Batches(corpus_bytes(), 16, CFG.block_size, 0)
+    runs = {"zero": _runner({}), "zero3": _runner({"params": 8})}
+    for first, second in (("zero", "zero3"), ("zero3", "zero")):
+        a, b = runs[first], runs[second]
+        state, _ = _losses(a, a.init_state(), batches, (0, 1))
+        ckpt = Checkpoints(str(tmp_path / first))
+        assert a.save(ckpt, 2, state)
+        state, want = _losses(a, state, batches, (2, 3))
+        want_params = a.plan.single_params(state.params)
+        restored = b.restore(ckpt, b.init_state())
+        restored, got = _losses(b, restored, batches, (2, 3))
+        assert got == want, (first, second)
+        assert_trees_equal(b.plan.single_params(restored.params), want_params)
+
+
+# --- error feedback on a nested data axis ----------------------------------------------------
+
+EF_POLICY = """\
+name: ef-nested
+min_bytes: 0
+axes:
+  data: {codec: zfp, rate: 8, error_feedback: true, param: "off"}
+"""
+
+
+def test_nested_error_feedback_keeps_a_residual_per_level_and_is_plan_free(tmp_path):
+    """zfp:8 with error feedback on the gradients of groups [2, 4] (parameters exchanged raw):
+    each level's reduce-scatter keeps its residual (the padded vector, then 1/2, then 1/4 of
+    it); the residuals depend on the levels only, so ZeRO, (2, 8, 8) and ZeRO-3 give the same
+    losses bit for bit, and the codec's loss stays close to the uncompressed run. (A plan with
+    s_g < data also all-gathers the lossy gradient chunks back, without residual: other bits.)"""
+    policy = tmp_path / "ef.yaml"
+    policy.write_text(EF_POLICY)
+    batches = Batches(corpus_bytes(), 16, CFG.block_size, 0)
+    got = {}
+    for shard in (
+        {"groups": [2, 4]},
+        {"params": 2, "groups": [2, 4]},
+        {"params": 8, "groups": [2, 4]},
+    ):
+        r = _runner(shard, str(policy))
+        state, losses = _losses(r, r.init_state(), batches, range(3))
+        got[str(shard)] = losses
+        residual = np.array(state.opt_state["residual"]).reshape(8, -1)
+        padded = r.plan.layout.padded
+        assert residual.shape[1] == padded + padded // 2 + padded // 4
+        parts = np.split(residual, [padded, padded + padded // 2], axis=1)
+        assert all(np.abs(p).max() > 0 for p in parts)
+    assert len({tuple(v) for v in got.values()}) == 1, got
+    plain = _runner({"groups": [2, 4]})
+    _, exact = _losses(plain, plain.init_state(), batches, range(3))
+    np.testing.assert_allclose(
+        np.array(got[str({"groups": [2, 4]})]).view(np.float32),
+        np.array(exact).view(np.float32),
+        rtol=2e-3,
+    )
+
+
+def test_nested_error_feedback_resumes_bit_for_bit(tmp_path):
+    """Residuals of every level are checkpointed (``residual``, ``residual.1``, ...) and
+    restored exactly: resumed under the same plan (2, 8, 8), under ZeRO-3 and under ZeRO on the
+    same groups, the next losses are the uninterrupted run's."""
+    policy = tmp_path / "ef.yaml"
+    policy.write_text(EF_POLICY)
+    batches = Batches(corpus_bytes(), 16, CFG.block_size, 0)
+    plans = ({"params": 2, "groups": [2, 4]}, {"params": 8, "groups": [2, 4]}, {"groups": [2, 4]})
+    a = _runner(plans[0], str(policy))
+    state, _ = _losses(a, a.init_state(), batches, (0, 1))
+    ckpt = Checkpoints(str(tmp_path / "ckpt"))
+    assert a.save(ckpt, 2, state)
+    saved = np.array(state.opt_state["residual"])
+    state, want = _losses(a, state, batches, (2, 3))
+    for shard in plans:
+        b = _runner(shard, str(policy))
+        restored = b.restore(ckpt, b.init_state())
+        np.testing.assert_array_equal(np.array(restored.opt_state["residual"]), saved)
+        _, got = _losses(b, restored, batches, (2, 3))
+        assert got == want, shard

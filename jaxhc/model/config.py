@@ -109,11 +109,6 @@ class ShardConfig:
                 f"mesh.shard.grads={grads} must equal mesh.shard.params={params} or "
                 f"mesh.shard.optim={optim} (AMSP)"
             )
-        if params > 1:
-            raise ValueError(
-                f"mesh.shard.params={params}: sharded parameters (ZeRO-3) are not implemented "
-                "yet; use 1"
-            )
         if self.groups is None:
             levels = sorted({s for s in sizes.values() if 1 < s < data})
         else:

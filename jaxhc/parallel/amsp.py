@@ -78,6 +78,15 @@ class ShardPlan:
     def optim_axes(self) -> tuple[str, ...]:
         return self.group(self.optim)
 
+    @property
+    def param_axes(self) -> tuple[str, ...]:
+        return self.group(self.params)
+
+    @property
+    def sharded_params(self) -> bool:
+        """Whether a device holds only its 1/s_p chunk of the parameters (s_p > 1, ZeRO-3)."""
+        return self.params > 1
+
     def chunk_sizes(self, padded: int) -> dict[str, int]:
         """A device's share of a flat vector of `padded` values per component (and the finest)."""
         return {
@@ -137,9 +146,17 @@ class ShardPlan:
     def optim_chunk(self, d: int) -> tuple[int, bool]:
         """(index of data rank `d`'s optimizer-state chunk, whether it is its group's first
         replica, the one that writes it to a checkpoint)."""
+        return self.chunk_of(d, self.optim_axes)
+
+    def param_chunk(self, d: int) -> tuple[int, bool]:
+        """(index of data rank `d`'s parameter chunk, whether it is its group's first replica)."""
+        return self.chunk_of(d, self.param_axes)
+
+    def chunk_of(self, d: int, axes: tuple[str, ...]) -> tuple[int, bool]:
+        """`chunk_index(axes)` of data rank `d`; whether its coordinates outside `axes` are 0."""
         coords = self.coords(d)
         idx = 0
-        for a in reversed(self.optim_axes):
+        for a in reversed(axes):
             idx = idx * self.sizes[self.axes.index(a)] + int(coords[a])
-        first = all(coords[a] == 0 for a in self.axes if a not in self.optim_axes)
+        first = all(coords[a] == 0 for a in self.axes if a not in axes)
         return idx, first

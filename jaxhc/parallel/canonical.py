@@ -32,6 +32,8 @@ import numpy as np
 from jaxhc.launch import _blocks
 from jaxhc.model.config import AXES
 from jaxhc.parallel.state import Plan, TrainState
+from jaxhc.parallel.zero import levels as zero_levels
+from jaxhc.parallel.zero import residual_sizes
 
 CHUNK_ELEMENTS = 1 << 20  # the largest storage chunk, in elements (4 MiB of float32)
 
@@ -115,6 +117,8 @@ class Canonical:
     def __init__(self, plan: Plan):
         self.plan = plan
         self.mesh_shape = dict(zip(AXES, plan.mesh_cfg.shape, strict=True))
+        # The data levels whose reduce-scatters keep error-feedback residuals, innermost first.
+        self.residual_levels = [n for _, n in zero_levels(plan.shard)]
         self.layout = layout = plan.layout
         param_paths = jax.tree.flatten_with_path(plan.param_shapes)[0]
         self.param_names = ["/".join(_names(p)) for p, _ in param_paths]
@@ -125,14 +129,18 @@ class Canonical:
         # Per leaf of a device's block (`jax.tree.leaves` order of a TrainState): its kind
         # ("scalar", "param", "flat" or "residual") and its canonical name (or name prefix).
         self.kinds = [("scalar", "step")]
-        for name, shape, spec in zip(
-            self.param_names, self.param_global, self.param_specs, strict=True
-        ):
-            self.kinds.append(("param", f"params/{name}"))
-            self._add(f"params/{name}", shape, spec)
         # A flat vector's pieces are runs of a device's ZeRO chunk: chunks well under its size
         # leave only the two at its ends shared with a neighbour.
         flat_limit = min(CHUNK_ELEMENTS, max(layout.chunk // 8, 4096))
+        if plan.sharded_params:  # one flat chunk per device (s_p > 1)
+            self.kinds.append(("pflat", "params"))
+        for name, shape, spec in zip(
+            self.param_names, self.param_global, self.param_specs, strict=True
+        ):
+            if not plan.sharded_params:
+                self.kinds.append(("param", f"params/{name}"))
+            limit = flat_limit if plan.sharded_params else CHUNK_ELEMENTS
+            self._add(f"params/{name}", shape, spec, limit=limit)
         for path, x in jax.tree.flatten_with_path(plan.opt_local)[0]:
             name = "/".join(_names(path))
             if x.ndim == 0:
@@ -143,10 +151,12 @@ class Canonical:
             name = "residual" if kind == "residual" else f"opt/{name}"
             self.kinds.append((kind, name))
             lead = (plan.mesh_cfg.data,) if kind == "residual" else ()
-            for p, shape, spec in zip(
-                self.param_names, self.param_global, self.param_specs, strict=True
-            ):
-                self._add(f"{name}/{p}", shape, spec, lead, limit=flat_limit)
+            names = residual_names(plan) if kind == "residual" else [name]
+            for n in names:
+                for p, shape, spec in zip(
+                    self.param_names, self.param_global, self.param_specs, strict=True
+                ):
+                    self._add(f"{n}/{p}", shape, spec, lead, limit=flat_limit)
 
     def _block_shape(self, shape, spec):
         return tuple(
@@ -167,7 +177,7 @@ class Canonical:
     def pieces(self, coords) -> list[Piece]:
         """Every box of every canonical array that the device at `coords` holds."""
         zero = all(v == 0 for v in coords.values())
-        layout, out = self.layout, []
+        shard, out = self.plan.shard, []
         d = coords["data"]
         for leaf, (kind, name) in enumerate(self.kinds):
             if kind == "scalar":
@@ -179,33 +189,48 @@ class Canonical:
                 )
                 owner = _blocks.owns_block(self.param_specs[i], len(box), coords, self.mesh_shape)
                 out.append(Piece(name, leaf, 0, box, owner))
-            else:
-                size = layout.padded // self.plan.shard.optim
-                index, first = self.plan.shard.optim_chunk(d)
-                lo, hi = index * size, (index + 1) * size
-                if kind == "residual":  # every device holds its whole padded vector
-                    lo, hi, first = 0, layout.padded, True
-                for i, p in enumerate(self.param_names):
-                    a, b = max(lo, self.starts[i]), min(hi, layout.ends[i])
-                    if a >= b:
-                        continue
-                    block = _blocks.block_slices(
-                        self.param_specs[i], self.param_global[i], coords, self.mesh_shape
-                    )
-                    offset = a
-                    for local in flat_boxes(
-                        layout.shapes[i], a - self.starts[i], b - self.starts[i]
-                    ):
-                        box = tuple(
-                            slice(g.start + s.start, g.start + s.stop)
-                            for g, s in zip(block, local, strict=True)
-                        )
-                        if kind == "residual":
-                            box = (slice(d, d + 1), *box)
-                        size = math.prod(s.stop - s.start for s in box)
-                        owner = first and self._owner(i, coords)
-                        out.append(Piece(f"{name}/{p}", leaf, int(offset - lo), box, owner))
-                        offset += size
+            elif kind == "pflat":
+                index, first = shard.param_chunk(d)
+                size = self.layout.padded // shard.params
+                out += self._flat(leaf, name, coords, index * size, size, 0, first)
+            elif kind == "flat":
+                index, first = shard.optim_chunk(d)
+                size = self.layout.padded // shard.optim
+                out += self._flat(leaf, name, coords, index * size, size, 0, first)
+            else:  # residuals: each level's chunk of the padded vector, one level after another
+                at, done = 0, ()  # the levels scattered before: innermost last
+                names, levels = residual_names(self.plan), zero_levels(shard)
+                for level, size in enumerate(residual_sizes(self.layout.padded, shard)):
+                    lo = shard.chunk_of(d, done)[0] * size
+                    out += self._flat(leaf, names[level], coords, lo, size, at, True, row=d)
+                    at += size
+                    done = (levels[level][0], *done)
+        return out
+
+    def _flat(self, leaf, name, coords, lo, size, at, first, row=None) -> list[Piece]:
+        """The pieces of elements [lo, lo + size) of a device's padded flat vector, which sit at
+        `at` in its leaf; `row`: the leading index of a per-data-rank array (residuals)."""
+        layout, out = self.layout, []
+        hi = lo + size
+        for i, p in enumerate(self.param_names):
+            a, b = max(lo, self.starts[i]), min(hi, layout.ends[i])
+            if a >= b:
+                continue
+            block = _blocks.block_slices(
+                self.param_specs[i], self.param_global[i], coords, self.mesh_shape
+            )
+            offset = a
+            for local in flat_boxes(layout.shapes[i], a - self.starts[i], b - self.starts[i]):
+                box = tuple(
+                    slice(g.start + s.start, g.start + s.stop)
+                    for g, s in zip(block, local, strict=True)
+                )
+                if row is not None:
+                    box = (slice(row, row + 1), *box)
+                n = math.prod(s.stop - s.start for s in box)
+                owner = first and self._owner(i, coords)
+                out.append(Piece(f"{name}/{p}", leaf, int(at + offset - lo), box, owner))
+                offset += n
         return out
 
     def zero_block(self) -> list[np.ndarray]:
@@ -221,7 +246,10 @@ class Canonical:
             return jax.ShapeDtypeStruct(shape, x.dtype)
 
         step = jax.ShapeDtypeStruct((), np.int32)
-        state = TrainState(step, plan.param_shapes, jax.tree.map(opt, plan.opt_local))
+        params = plan.param_shapes
+        if plan.sharded_params:
+            params = opt(jax.ShapeDtypeStruct((plan.param_chunk,), np.float32))
+        state = TrainState(step, params, jax.tree.map(opt, plan.opt_local))
 
         def shape(spec, x):
             s = self._block_shape(x.shape, spec) if local else x.shape
@@ -231,10 +259,19 @@ class Canonical:
 
     def unflatten(self, leaves) -> TrainState:
         """A TrainState from a device's block leaves (in `jax.tree.leaves` order)."""
-        state = TrainState(
-            jax.ShapeDtypeStruct((), np.int32), self.plan.param_shapes, self.plan.opt_local
-        )
+        plan = self.plan
+        params = plan.param_shapes
+        if plan.sharded_params:
+            params = jax.ShapeDtypeStruct((plan.param_chunk,), np.float32)
+        state = TrainState(jax.ShapeDtypeStruct((), np.int32), params, plan.opt_local)
         return jax.tree.unflatten(jax.tree.structure(state), leaves)
+
+
+def residual_names(plan: Plan) -> list[str]:
+    """The canonical name of each level's error-feedback residuals (`zero.levels` order):
+    ``residual`` for the first (the one level of a flat data axis), ``residual.<j>`` after."""
+    n = len(zero_levels(plan.shard))
+    return ["residual"] + [f"residual.{j}" for j in range(1, n)]
 
 
 def extract(piece: Piece, leaf: np.ndarray) -> np.ndarray:

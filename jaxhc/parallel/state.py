@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxhc.launch import _blocks
 from jaxhc.model import gpt
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.parallel import zero
@@ -56,20 +57,72 @@ class Plan:
         self.layout = FlatLayout(self.param_shapes, mesh_cfg)
         self.shard = ShardPlan.of(mesh_cfg)
         self.error_feedback = error_feedback(policy, mesh_cfg)
-        if self.error_feedback and not self.shard.flat:
-            raise ValueError(
-                f"policy {Policy.load(policy).name}: axes.data.error_feedback needs a one-level "
-                f"data axis, but mesh.shard nests it in groups {self.shard.sizes[::-1]}"
-            )
+        # The parameters as the train state holds them: the single-layout tree, or with sharded
+        # parameters (s_p > 1) each device's 1/s_p chunk of its flat vector.
+        self.param_chunk = self.layout.padded // self.shard.params
+        self.sharded_params = self.shard.sharded_params
+        self.state_param_specs = OPT_SPEC if self.sharded_params else self.param_specs
         if optim_cfg is not None:
             size = self.layout.padded // self.shard.optim
             chunk = jax.ShapeDtypeStruct((size,), jnp.float32)
             self.opt_local = jax.eval_shape(functools.partial(zero.init_chunk, optim_cfg), chunk)
-            if self.error_feedback:
-                flat = jax.ShapeDtypeStruct((self.layout.padded,), jnp.float32)
+            if self.error_feedback:  # every level's residual, innermost first, one after another
+                n = sum(zero.residual_sizes(self.layout.padded, self.shard))
+                flat = jax.ShapeDtypeStruct((n,), jnp.float32)
                 self.opt_local = {**self.opt_local, "residual": flat}
             self.opt_specs = jax.tree.map(lambda x: OPT_SPEC if x.ndim else P(), self.opt_local)
-            self.state_specs = TrainState(P(), self.param_specs, self.opt_specs)
+            self.state_specs = TrainState(P(), self.state_param_specs, self.opt_specs)
+
+    def param_state(self, params) -> Any:
+        """Single-layout parameters (host arrays) as the train state holds them: the tree
+        itself, or with sharded parameters the global array (pipe, tensor, data x chunk) of every
+        device's flat parameter chunk (float32 numpy)."""
+        params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
+        if not self.sharded_params:
+            return params
+        m, layout = self.mesh_cfg, self.layout
+        leaves = layout.treedef.flatten_up_to(params)
+        specs = layout.treedef.flatten_up_to(self.param_specs)
+        out = np.zeros((m.pipe, m.tensor, m.data * self.param_chunk), np.float32)
+        for (p, t), coords in _pipe_tensor(m):
+            flat = np.zeros(layout.padded, np.float32)
+            at = 0
+            for x, spec in zip(leaves, specs, strict=True):
+                block = x[_blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))]
+                flat[at : at + block.size] = block.reshape(-1)
+                at += block.size
+            for d in range(m.data):
+                i = self.shard.param_chunk(d)[0] * self.param_chunk
+                out[p, t, d * self.param_chunk : (d + 1) * self.param_chunk] = flat[
+                    i : i + self.param_chunk
+                ]
+        return out
+
+    def single_params(self, state_params) -> dict:
+        """The single-layout parameter tree (numpy) of the train state's parameters (a global
+        array or host copy of it; see `param_state`)."""
+        params = jax.device_get(state_params)
+        if not self.sharded_params:
+            return params
+        m, layout = self.mesh_cfg, self.layout
+        chunks = np.asarray(params)
+        out = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), self.param_shapes)
+        leaves = layout.treedef.flatten_up_to(out)
+        specs = layout.treedef.flatten_up_to(self.param_specs)
+        for (p, t), coords in _pipe_tensor(m):
+            flat = np.zeros(layout.padded, np.float32)
+            for d in range(self.shard.params):  # the first group holds every chunk once
+                i = self.shard.param_chunk(d)[0] * self.param_chunk
+                flat[i : i + self.param_chunk] = chunks[
+                    p, t, d * self.param_chunk : (d + 1) * self.param_chunk
+                ]
+            at = 0
+            for x, spec in zip(leaves, specs, strict=True):
+                box = _blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))
+                n = x[box].size
+                x[box] = flat[at : at + n].reshape(x[box].shape)
+                at += n
+        return layout.treedef.unflatten(leaves)
 
     def zero_opt_state(self):
         """The initial AdamW state as global host arrays."""
@@ -84,6 +137,17 @@ class Plan:
         if len(shape) != 2 or shape[1] != width:
             raise ValueError(f"tokens have shape {tuple(shape)}; expected (batch, {width})")
         validate(self.model, self.mesh_cfg, batch_size=shape[0])
+
+
+def _mesh_shape(m: MeshConfig) -> dict[str, int]:
+    return dict(zip(AXES, m.shape, strict=True))
+
+
+def _pipe_tensor(m: MeshConfig):
+    """((pipe, tensor), coordinates of that (pipe, tensor) block's data rank 0) of every block."""
+    for p in range(m.pipe):
+        for t in range(m.tensor):
+            yield (p, t), {"data": 0, "tensor": t, "pipe": p}
 
 
 def error_feedback(policy, mesh_cfg: MeshConfig) -> bool:
@@ -146,8 +210,7 @@ def initial_state(
     `train_state_specs` where the mesh is not a `jax.sharding.Mesh` (one process per device)."""
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
     params = _init_params(model_cfg, seed) if params is None else params
-    params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
-    return TrainState(np.zeros((), np.int32), params, plan.zero_opt_state())
+    return TrainState(np.zeros((), np.int32), plan.param_state(params), plan.zero_opt_state())
 
 
 def init_state(
@@ -168,7 +231,11 @@ def init_state(
     """
     check_mesh(mesh, mesh_cfg)
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
-    params = from_single(_init_params(model_cfg, seed) if params is None else params, mesh)
+    params = _init_params(model_cfg, seed) if params is None else params
+    if plan.sharded_params:
+        params = jax.device_put(plan.param_state(params), NamedSharding(mesh, OPT_SPEC))
+    else:
+        params = from_single(params, mesh)
     opt_state = jax.device_put(plan.zero_opt_state(), shardings(mesh, plan.opt_specs))
     step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(mesh, P()))
     return TrainState(step, params, opt_state)
@@ -184,7 +251,15 @@ def from_single(params, mesh: Mesh) -> dict:
     )
 
 
-def params_to_single(state_or_params) -> dict:
-    """The parameters of a TrainState (or a sharded parameter tree) as host numpy arrays."""
+def params_to_single(state_or_params, model_cfg=None, mesh_cfg=None) -> dict:
+    """The parameters of a TrainState (or a sharded parameter tree) as host numpy arrays.
+
+    With sharded parameters (``mesh.shard.params`` > 1: flat chunks) give the configs too."""
     params = state_or_params.params if isinstance(state_or_params, TrainState) else state_or_params
-    return jax.device_get(params)
+    if isinstance(params, dict):
+        return jax.device_get(params)
+    if model_cfg is None or mesh_cfg is None:
+        raise ValueError(
+            "params_to_single: sharded parameters (flat chunks) need model_cfg, mesh_cfg"
+        )
+    return Plan(model_cfg, mesh_cfg).single_params(params)

@@ -114,6 +114,29 @@ def _loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
     return loss, _sum_shared(grads, policy)
 
 
+def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, policy, plan):
+    """Sharded parameters (s_p > 1): (global loss, this rank's reduced gradient chunk, opt_state)
+    from its parameter chunk. The parameters are gathered over the parameter group
+    (`zero.gather_params`), whose reverse mode reduce-scatters the gradients over the same
+    levels; `zero.reduce` does the levels outside. Error-feedback residuals of the parameter
+    levels ride along as the gather's second input (their cotangent: the new residuals)."""
+    shard, layout = plan.shard, plan.layout
+    gather = zero.gather_params(layout, policy, shard, lambda g: _sum_shared(g, policy))
+    scattered = len(shard.param_axes)
+    residual = opt_state.get("residual")
+    mine = () if residual is None else tuple(zero.split_residual(residual, layout.padded, shard))
+    mine = mine[:scattered]
+
+    def objective(chunk, residuals):
+        params = gather(chunk, residuals)
+        return _local_loss(params, tokens, cfg, mesh_cfg, policy, shard.data_axis)
+
+    local, (g, done) = jax.value_and_grad(objective, argnums=(0, 1))(chunk, mine)
+    loss = zero.psum_scalar(local, (*shard.axes, "pipe"))
+    g, opt_state = zero.reduce(g, opt_state, layout, policy, shard, scattered, done)
+    return loss, g, opt_state
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-shard programs.
 
@@ -140,14 +163,28 @@ def per_shard_train_step(
         exact = zero.reduce_gradients(_sum_shared(local_grads, None), layout, None, shard=shard)
         return zero.finest(exact, layout, shard)[0]
 
+    if shard.sharded_params and fidelity_every > 0:
+        raise ValueError(
+            f"train.fidelity_every={fidelity_every}: the sampled fidelity needs every rank's "
+            f"local gradients, which sharded parameters (mesh.shard.params={shard.params}) "
+            "never hold; use 0"
+        )
+
     def step(state: TrainState, tokens):
         params = state.params
-        loss, local = _local_loss_and_grads(
-            params, tokens, model_cfg, mesh_cfg, policy, shard.data_axis
-        )
-        grads = _sum_shared(local, policy)
         before = _local_opt(state.opt_state)
-        g, opt_state = zero.reduce(grads, before, layout, policy, shard)
+        if shard.sharded_params:
+            params = params.reshape(-1)  # this rank's flat parameter chunk
+            loss, g, opt_state = _sharded_loss_and_grads(
+                params, before, tokens, model_cfg, mesh_cfg, policy, plan
+            )
+            local = None
+        else:
+            loss, local = _local_loss_and_grads(
+                params, tokens, model_cfg, mesh_cfg, policy, shard.data_axis
+            )
+            grads = _sum_shared(local, policy)
+            g, opt_state = zero.reduce(grads, before, layout, policy, shard)
         chunk, start = zero.finest(g, layout, shard)
         observed = fidelity.sample(
             state.step, fidelity_every, chunk, start, local, exact_chunk, layout, shard
@@ -155,6 +192,8 @@ def per_shard_train_step(
         params, opt_state, grad_norm, lr = zero.update(
             params, opt_state, g, state.step, layout, optim_cfg, policy, shard, before
         )
+        if shard.sharded_params:
+            params = params.reshape(1, 1, -1)
         new = TrainState(state.step + 1, params, _global_opt(opt_state))
         skipped = jnp.logical_not(jnp.isfinite(grad_norm))  # zero.update left the state as it was
         return new, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": skipped, **observed}
@@ -166,8 +205,14 @@ def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy, data
     """``eval_loss(params, tokens) -> loss`` as one rank runs it (see `per_shard_train_step`);
     `data`: the data axis (the sub-axes of `jaxhc.parallel.amsp` on its view of the mesh)."""
     policy = _policy(policy)
+    plan = Plan(model_cfg, mesh_cfg)
 
     def eval_loss(params, tokens):
+        if plan.sharded_params:  # this rank's chunk, gathered over the parameter group
+            flat = params[0, 0]
+            for axis in plan.shard.param_axes:
+                flat = jaxhc.all_gather(flat, axis, tiled=True, policy=policy, kind="param")
+            params = plan.layout.unflatten(flat)
         local = _local_loss(params, tokens, model_cfg, mesh_cfg, policy, data)
         return zero.psum_scalar(local, (*axis_tuple(data), "pipe"))
 
@@ -234,12 +279,17 @@ def make_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, polic
     """
     check_mesh(mesh, mesh_cfg)
     plan = Plan(model_cfg, mesh_cfg)
-    per_shard = per_shard_eval_loss(model_cfg, mesh_cfg, policy)
-    sharded = _map(per_shard, mesh, (plan.param_specs, P("data")), P())
+    if plan.sharded_params:  # the parameter group's sub-axes: the view's
+        view, data = plan.shard.view(mesh), plan.shard.data_axis
+        specs = plan.shard.on_view(plan.state_param_specs)
+    else:
+        view, data, specs = mesh, "data", plan.param_specs
+    per_shard = per_shard_eval_loss(model_cfg, mesh_cfg, policy, data)
+    sharded = _map(per_shard, view, (specs, P(data)), P())
 
     @functools.partial(
         jax.jit,
-        in_shardings=(shardings(mesh, plan.param_specs), NamedSharding(mesh, P("data"))),
+        in_shardings=(shardings(view, specs), NamedSharding(view, P(data))),
     )
     def eval_loss(params, tokens):
         plan.check_tokens(tokens.shape, model_cfg.block_size + 1)

@@ -76,33 +76,108 @@ def all_axes(shard: ShardPlan | None) -> tuple[str, ...]:
     return (*(shard.axes if shard else ("data",)), "tensor", "pipe")
 
 
-def reduce_gradients(grads, layout: FlatLayout, policy, residual=None, shard=None):
+def levels(shard: ShardPlan | None) -> list[tuple[str, int]]:
+    """The data levels a gradient reduce-scatter runs over, innermost first: (axis, size), size
+    > 1 (`shard` None: the whole "data" axis, inside a shard_map)."""
+    if shard is None:
+        return [("data", n)] if (n := jaxhc.axis_size("data")) > 1 else []
+    return [
+        (a, n) for a, n in zip(reversed(shard.axes), reversed(shard.sizes), strict=True) if n > 1
+    ]
+
+
+def residual_sizes(padded: int, shard: ShardPlan) -> list[int]:
+    """Error feedback: the length of each level's residual (`levels` order), the vector that
+    level's reduce-scatter sends (the padded vector, then 1/its inner ranks of it, ...)."""
+    out, n = [], padded
+    for _, size in levels(shard):
+        out.append(n)
+        n //= size
+    return out
+
+
+def split_residual(residual, padded: int, shard: ShardPlan) -> list:
+    """A device's residual vector (the levels' residuals one after the other) as per level."""
+    out, at = [], 0
+    for n in residual_sizes(padded, shard):
+        out.append(residual[at : at + n])
+        at += n
+    return out
+
+
+def scatter_levels(flat, steps, policy, residuals=None):
+    """Reduce-scatter `flat` over each (axis, size) of `steps` in turn (``kind="grad"``); with
+    `residuals` (one per step, error feedback), (flat, new residuals)."""
+    new = []
+    for i, (axis, _) in enumerate(steps):
+        if residuals is None:
+            flat = jaxhc.psum_scatter(flat, axis, tiled=True, policy=policy, kind="grad")
+        else:
+            flat, r = jaxhc.psum_scatter(
+                flat, axis, tiled=True, policy=policy, kind="grad", residual=residuals[i]
+            )
+            new.append(r)
+    return flat if residuals is None else (flat, new)
+
+
+def reduce_gradients(grads, layout: FlatLayout, policy, residual=None, shard=None, scattered=0):
     """This rank's chunk of the flattened gradients, summed over the data axis: its share of the
     plan's gradient group (`shard`; None: the whole "data" axis, ZeRO). Reduce-scattered level by
     level, innermost first, then all-gathered back over the levels outside the gradient group,
     outermost first (a hierarchical all-reduce there: each level moves 1/its inner ranks of the
     vector).
 
-    With `residual` (error feedback: this device's padded flat vector), (chunk, new residual);
-    only where the data axis is one level.
+    `scattered`: how many levels (innermost first) `grads` has already been reduce-scattered over
+    (then it is that flat chunk: sharded parameters, `gather_params`). With `residual` (error
+    feedback: the residuals of the levels still to do, one list entry each), (chunk, new
+    residuals).
     """
-    flat = layout.flatten(grads)
-    axes, keep = (("data",), ("data",)) if shard is None else (shard.axes, shard.grad_axes)
-    if residual is not None and len(axes) > 1:
-        raise ValueError("error feedback needs a one-level data axis (mesh.shard.groups)")
-    for axis in reversed(axes):
-        if jaxhc.axis_size(axis) == 1:
-            continue
-        if residual is None:
-            flat = jaxhc.psum_scatter(flat, axis, tiled=True, policy=policy, kind="grad")
-        else:
-            flat, residual = jaxhc.psum_scatter(
-                flat, axis, tiled=True, policy=policy, kind="grad", residual=residual
-            )
-    for axis in axes:
-        if axis not in keep and jaxhc.axis_size(axis) > 1:
+    flat = grads if scattered else layout.flatten(grads)
+    keep = ("data",) if shard is None else shard.grad_axes
+    steps = levels(shard)
+    out = scatter_levels(flat, steps[scattered:], policy, residual)
+    flat = out if residual is None else out[0]
+    for axis, _ in reversed(steps):  # outermost first
+        if axis not in keep:
             flat = jaxhc.all_gather(flat, axis, tiled=True, policy=policy, kind="grad")
-    return flat if residual is None else (flat, residual)
+    return flat if residual is None else (flat, out[1])
+
+
+def gather_params(layout: FlatLayout, policy, shard: ShardPlan, shared_grads):
+    """Sharded parameters (s_p > 1): ``gather(chunk, residuals) -> parameter tree``, the
+    device's 1/s_p chunk all-gathered over the parameter group, outermost sub-axis first
+    (``kind="param"``), and unflattened. Its reverse mode is the gradients' reduce-scatter over
+    the same levels, innermost first (``kind="grad"``): the cotangent tree, after
+    `shared_grads` (the sum over "pipe" of the embeddings' gradients), is flattened and
+    scattered, so the chunk's gradient is the partial sum `reduce_gradients(..., scattered=)`
+    continues. `residuals` (error feedback: the parameter levels' residuals, or ()) come back as
+    their own cotangent: the new residuals.
+
+    The gathered parameters are not a residual of this function (its backward needs none of
+    them): the device holds them once, for the forward and as the model's own autodiff
+    residuals, and frees them after the backward. The whole local vector is gathered at once
+    (the flat layout of `FlatLayout`), not layer by layer.
+    """
+    param_steps = levels(shard)[: len(shard.param_axes)]
+
+    @jax.custom_vjp
+    def gather(chunk, residuals):
+        for axis in shard.param_axes:
+            chunk = jaxhc.all_gather(chunk, axis, tiled=True, policy=policy, kind="param")
+        return layout.unflatten(chunk)
+
+    def fwd(chunk, residuals):
+        return gather(chunk, residuals), residuals
+
+    def bwd(residuals, ct):
+        flat = layout.flatten(shared_grads(ct))
+        if not residuals:
+            return scatter_levels(flat, param_steps, policy), residuals
+        g, new = scatter_levels(flat, param_steps, policy, list(residuals))
+        return g, tuple(new)
+
+    gather.defvjp(fwd, bwd)
+    return gather
 
 
 def chunk_start(layout: FlatLayout, shard: ShardPlan | None = None) -> jax.Array:
@@ -143,16 +218,20 @@ def psum_scalar(x: jax.Array, axes) -> jax.Array:
     return total
 
 
-def reduce(grads, opt_state, layout: FlatLayout, policy, shard: ShardPlan):
+def reduce(grads, opt_state, layout: FlatLayout, policy, shard: ShardPlan, scattered=0, done=()):
     """(this rank's chunk of the gradients summed over the data axis, opt_state). Per shard.
 
-    An ``opt_state["residual"]`` (error feedback) goes into the reduction and comes back updated.
+    An ``opt_state["residual"]`` (error feedback: the residuals of every level, innermost first,
+    one after the other) goes into the reduction and comes back updated. `scattered`: levels
+    `grads` is already reduced over (sharded parameters; `done`: their new residuals).
     """
     residual = opt_state.get("residual")
     if residual is None:
-        return reduce_gradients(grads, layout, policy, shard=shard), opt_state
-    g, residual = reduce_gradients(grads, layout, policy, residual, shard)
-    return g, {**opt_state, "residual": residual}
+        g = reduce_gradients(grads, layout, policy, shard=shard, scattered=scattered)
+        return g, opt_state
+    parts = split_residual(residual, layout.padded, shard)[scattered:]
+    g, new = reduce_gradients(grads, layout, policy, parts, shard, scattered)
+    return g, {**opt_state, "residual": jnp.concatenate([*done, *new])}
 
 
 def update(
@@ -160,7 +239,9 @@ def update(
 ):
     """One AdamW step on the reduced chunk `g` of `reduce`: (new params, new opt_state,
     grad_norm, lr). Per shard: the rank updates its optimizer-state chunk (a slice of `g`), and
-    the chunks are all-gathered over the optimizer-state group, outermost sub-axis first.
+    the chunks are all-gathered over the optimizer-state group, outermost sub-axis first; with
+    sharded parameters (s_p > 1) only over the sub-axes outside the parameter group: `params`
+    and the result are then the rank's flat parameter chunk.
 
     A step whose gradient norm is not finite (NaN/Inf on any rank reaches every rank's norm, so all
     ranks agree) is skipped: parameters, moments, master copy and residual stay as they were in
@@ -175,7 +256,11 @@ def update(
         g = jnp.where(norm < cfg.grad_clip, g, g / norm * cfg.grad_clip)
     # The update starts from this rank's exact master copy, not from the gathered parameters: those
     # are the param codec's decoded values, and a lossy codec would re-quantize them every step.
-    gathered = lax.dynamic_slice_in_dim(layout.flatten(params), start, size)
+    if shard.sharded_params:  # `params` is this rank's parameter chunk, which holds its OS chunk
+        offset = start - shard.chunk_index(shard.param_axes) * params.shape[0]
+        gathered = lax.dynamic_slice_in_dim(params, offset, size)
+    else:
+        gathered = lax.dynamic_slice_in_dim(layout.flatten(params), start, size)
     p = jnp.where(step == 0, gathered, opt_state["master"])
     decay = cfg.weight_decay * layout.per_element([*layout.decayed, False], start, size)
     lr = lr_schedule(cfg)(step)
@@ -184,7 +269,7 @@ def update(
     new = {**opt_state, "adam": adam, "master": optax.apply_updates(p, updates)}
     opt_state = jax.tree.map(lambda n, w: jnp.where(finite, n, w), new, kept)
     p = opt_state["master"]
-    for axis in shard.optim_axes:
-        if jaxhc.axis_size(axis) > 1:
+    for axis in shard.optim_axes:  # up to the parameter chunk (its axes are the inner ones)
+        if axis not in shard.param_axes and jaxhc.axis_size(axis) > 1:
             p = jaxhc.all_gather(p, axis, tiled=True, policy=policy, kind="param")
-    return layout.unflatten(p), opt_state, norm, lr
+    return (p if shard.sharded_params else layout.unflatten(p)), opt_state, norm, lr

@@ -224,6 +224,7 @@ class Checkpoints:
             "format": FORMAT,
             "step": step,
             "mesh": canon.mesh_shape,
+            "residual_levels": canon.residual_levels,
             "arrays": {
                 n: {"shape": list(a.shape), "dtype": a.dtype.str} for n, a in canon.arrays.items()
             },
@@ -270,7 +271,7 @@ class Checkpoints:
         path = os.path.join(self.directory, str(step))
         stored = meta["arrays"]
         for name, a in canon.arrays.items():
-            if name.startswith("residual/"):
+            if _is_residual(name):
                 continue
             want = _describe(a)
             if name not in stored:
@@ -339,8 +340,8 @@ class Checkpoints:
     def _residual_rule(self, path, canon: Canonical, meta) -> int | None:
         """None: residuals map exactly (or there are none to restore); else the writer's data
         size, whose residuals are summed and spread."""
-        wanted = any(n.startswith("residual/") for n in canon.arrays)
-        stored = any(n.startswith("residual/") for n in meta["arrays"])
+        wanted = any(_is_residual(n) for n in canon.arrays)
+        stored = any(_is_residual(n) for n in meta["arrays"])
         if not wanted:
             if stored:
                 log.warning("%s: error-feedback residuals not restored (this run keeps none)", path)
@@ -349,20 +350,25 @@ class Checkpoints:
             log.warning("%s: no error-feedback residuals there; they start at zero", path)
             return None
         old = meta["mesh"]["data"]
-        if old == canon.mesh_shape["data"]:
+        levels = meta.get("residual_levels", [old])  # before nested levels: one, all of data
+        if old == canon.mesh_shape["data"] and levels == canon.residual_levels:
             return None
         log.warning(
-            "%s: written with data=%d, resumed with data=%d: each element's error-feedback "
-            "residuals are summed and spread evenly over the new data ranks",
+            "%s: written with data=%d (reduction levels %s), resumed with data=%d (levels %s): "
+            "each element's error-feedback residuals are summed and spread evenly over the new "
+            "data ranks",
             path,
             old,
+            levels,
             canon.mesh_shape["data"],
+            canon.residual_levels,
         )
         return old
 
     def _read(self, path, canon: Canonical, meta, coords, spread) -> Iterator:
         stores: dict = {}
-        has_residual = any(n.startswith("residual/") for n in meta["arrays"])
+        has_residual = any(_is_residual(n) for n in meta["arrays"])
+        stored_levels = sorted({n.split("/")[0] for n in meta["arrays"] if _is_residual(n)})
         for c in coords:
             leaves = canon.zero_block()
             for piece in canon.pieces(c):
@@ -370,16 +376,23 @@ class Checkpoints:
                     value = meta["scalars"][piece.name]
                     leaves[piece.leaf][...] = value
                     continue
-                if piece.name.startswith("residual/"):
+                if _is_residual(piece.name):
                     if not has_residual:
                         continue
                     if spread is not None:
-                        store = self._open(stores, path, piece.name)
+                        # Every stored level's residuals of these elements (a rank's row holds
+                        # its chunk of a level, zeros elsewhere) into the first level.
+                        level, rest_name = piece.name.split("/", 1)
+                        if level != "residual":
+                            continue
                         rest = piece.box[1:]
-                        total = sum(
-                            store[(slice(d, d + 1), *rest)].read().result().astype(np.float64)
-                            for d in range(spread)
-                        )
+                        total = 0.0
+                        for stored_level in stored_levels:
+                            store = self._open(stores, path, f"{stored_level}/{rest_name}")
+                            total = total + sum(
+                                store[(slice(d, d + 1), *rest)].read().result().astype(np.float64)
+                                for d in range(spread)
+                            )
                         insert(piece, leaves[piece.leaf], total / canon.mesh_shape["data"])
                         continue
                 store = self._open(stores, path, piece.name)
@@ -418,6 +431,12 @@ def _read_into(piece, leaf: np.ndarray, source) -> None:
         return
     view = flat[piece.start : piece.start + n].reshape(source.shape)
     ts.array(view, copy=False, write=True).write(source.translate_to[0]).result()
+
+
+def _is_residual(name: str) -> bool:
+    """Whether canonical array `name` holds error-feedback residuals (of any reduction level)."""
+    level = name.split("/")[0]
+    return level == "residual" or level.startswith("residual.")
 
 
 def _files(root: str) -> list[str]:
