@@ -139,6 +139,20 @@ def test_residuals_are_exact_on_the_same_data_size_and_keep_their_sum_otherwise(
 # --- atomic, finite, shared --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("bad", [None, np.nan, -np.inf])
+def test_all_finite_checks_each_device_shard(bad):
+    """A value in any one device's shard of a sharded array decides; integer leaves are ignored."""
+    devices = np.array(jax.devices()[:8]).reshape(4, 2)
+    sharding = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(devices, ("a", "b")), jax.sharding.PartitionSpec("a", "b")
+    )
+    x = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    if bad is not None:
+        x[5, 4] = bad  # on one device only
+    tree = {"x": jax.device_put(x, sharding), "n": jax.numpy.arange(3), "h": np.ones(2)}
+    assert checkpoint.all_finite(tree) == (bad is None)
+
+
 def test_non_finite_states_and_failed_saves_never_become_latest(tmp_path, monkeypatch):
     plan = Plan(MODEL, mesh(2, 1, 2), OPTIM)
     state = from_canonical(random_canonical(plan, 3), plan)
