@@ -139,6 +139,29 @@ def error_feedback_body(axes, codec):
     return body
 
 
+def buckets_body(axes, codec):
+    """psum of a pytree (float32 of several sizes and magnitudes, 0-d, bfloat16, int32): its
+    buckets (one message per dtype) and, where the codec is lossy, each leaf's block alignment."""
+
+    def body(x):
+        tree = {
+            "w": x,
+            "b": x[0, :5] * 1e-3,
+            "s": x[1, 2],
+            "h": x[:, :7].astype(jnp.bfloat16),
+            "h2": x[0, 9:].astype(jnp.bfloat16),
+            "i": (x[:2] * 100).astype(jnp.int32),
+        }
+        out = {}
+        for ax in axis_choices(axes, full=False):
+            k = ax if isinstance(ax, str) else "+".join(ax)
+            for name, v in jaxhc.psum(tree, ax, codec=codec).items():
+                out[f"psum/{k}/{name}"] = v
+        return {k: v[None] for k, v in out.items()}
+
+    return body
+
+
 def body_specs(axes):
     return P(tuple(axes)), P(tuple(axes))
 

@@ -66,6 +66,8 @@ def _steps(shape, kind, codec):
         body, out_specs = h.collectives_body(axes, h.CODECS[codec], full=_full(shape, codec)), spec
     elif kind == "error_feedback":
         body, out_specs = h.error_feedback_body(axes, h.CODECS[codec]), spec
+    elif kind == "buckets":
+        body, out_specs = h.buckets_body(axes, h.CODECS[codec]), spec
     else:
         grad = h.loss_body(axes, h.CODECS[codec])
         body, out_specs = (lambda x: {"grad": grad(x)}), {"grad": spec}
@@ -148,6 +150,19 @@ def test_error_feedback_matches_xla(shape, codec, nan):
     _need(shape)
     x = h.global_input(shape, nan_at=SIZE - 1 if nan else None)
     _compare(shape, "error_feedback", codec, x)
+
+
+@pytest.mark.parametrize(
+    ("shape", "codec"),
+    [((2,), c) for c in ("raw", "mpc", "zfp8", "q8")] + [((2, 2), "zfp8"), ((4,), "mpc")],
+    ids=lambda v: h.mesh_id(v) if isinstance(v, tuple) else v,
+)
+@pytest.mark.parametrize("nan", [False, True])
+def test_pytree_buckets_match_xla(shape, codec, nan):
+    """A pytree psum sent in buckets (the fused MPI psum for mpc / zfp, the unfused algorithm for
+    q8) gives XLA's bits, also when a NaN on the last rank sends its bucket down the raw path."""
+    _need(shape)
+    _compare(shape, "buckets", codec, h.global_input(shape, nan_at=SIZE - 1 if nan else None))
 
 
 @pytest.mark.parametrize(

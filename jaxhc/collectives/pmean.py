@@ -6,22 +6,39 @@ import jax
 from jax import lax
 
 from jaxhc.codecs import CodecLike
+from jaxhc.collectives import _buckets
 from jaxhc.collectives.psum import psum
 
 
-def pmean(x, axis_name, *, axis_index_groups=None, codec: CodecLike = None, policy=None, kind=None):
+def pmean(
+    x,
+    axis_name,
+    *,
+    axis_index_groups=None,
+    codec: CodecLike = None,
+    policy=None,
+    kind=None,
+    bucket_bytes: int | None = _buckets.DEFAULT_BUCKET_BYTES,
+):
     """`jax.lax.pmean` whose traffic is compressed by `codec` (or by `policy` for `kind` traffic).
 
     The sum travels as `jaxhc.psum` does (reduce-scatter then all-gather, every rank using the
     decoded values); the division is local, as in `jax.lax.pmean`, so integers give floats and
-    Python scalars stay Python scalars.
+    Python scalars stay Python scalars. A pytree travels in buckets of at most `bucket_bytes`,
+    as in `jaxhc.psum`.
 
     >>> g = jaxhc.pmean(grads, "data", codec="zfp:8")  # doctest: +SKIP
     """
     if axis_index_groups is not None and codec is None and policy is None:
         return lax.pmean(x, axis_name, axis_index_groups=axis_index_groups)
     total = psum(
-        x, axis_name, axis_index_groups=axis_index_groups, codec=codec, policy=policy, kind=kind
+        x,
+        axis_name,
+        axis_index_groups=axis_index_groups,
+        codec=codec,
+        policy=policy,
+        kind=kind,
+        bucket_bytes=bucket_bytes,
     )
     n = psum(1, axis_name)
     return jax.tree.map(lambda v: v / n, total)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxhc._compat import axis_tuple, like, make_varying
+from jaxhc._compat import axis_tuple, check_vma_enabled, like, make_varying
 from jaxhc.codecs import Codec, CodecLike
+from jaxhc.collectives import _buckets
 from jaxhc.collectives import _common as c
 from jaxhc.collectives import _feedback as ef
 from jaxhc.transport import current as transport
@@ -21,6 +22,7 @@ def psum(
     policy=None,
     kind=None,
     residual=None,
+    bucket_bytes: int | None = _buckets.DEFAULT_BUCKET_BYTES,
 ):
     """`jax.lax.psum` whose traffic is compressed by `codec` (or by `policy` for `kind` traffic).
 
@@ -33,11 +35,20 @@ def psum(
     to the plain psum for that call. Gradients flow through the same compressed algorithm,
     and so do `jax.jvp` tangents.
 
+    A pytree travels in buckets (`jaxhc.collectives._buckets`): its array leaves, grouped by dtype
+    in tree order, are concatenated into messages of at most `bucket_bytes` raw bytes (default
+    32 MiB; a larger leaf is a message of its own), each reduced as one array with one agreement
+    vote and one ledger record, and split back. Under a policy, ``min_bytes`` applies to the
+    message, so small leaves bundled together are compressed. A fallback (NaN/Inf, MPC budget)
+    then sends the whole bucket raw. Under a lossy block codec each leaf starts on a whole block,
+    so its error is the one it has when sent alone. ``bucket_bytes=None`` (or 0): one message per
+    leaf.
+
     With ``residual=`` (error feedback, see `jaxhc.collectives._feedback`): each rank sends
     ``x + residual`` and the call returns ``(out, new_residual)``; the residual has x's shape (and
     tree) in float32 (float64 for float64 x) and starts at zero. Such calls are not differentiated
     (they carry gradients) and do not take the MPI transport's fused path (they need the decoded
-    values of what this rank sent).
+    values of what this rank sent); they go leaf by leaf, not in buckets.
 
     >>> y = jaxhc.psum(grads, "data", codec="zfp:8")                 # doctest: +SKIP
     >>> y = jaxhc.psum(grads, "data", policy="zhybrid", kind="grad")  # doctest: +SKIP
@@ -50,7 +61,14 @@ def psum(
     if residual is not None:
         one = lambda a, r: _one_ef(a, r, axis_name, codec, policy, kind)  # noqa: E731
         return ef.pairs(one, x, residual, "jaxhc.psum")
-    return jax.tree.map(lambda a: _one(a, axis_name, codec, policy, kind), x)
+    return _buckets.reduce_tree(
+        x,
+        axis_name,
+        bucket_bytes,
+        lambda a: _one(a, axis_name, codec, policy, kind),
+        lambda a: c.resolve(a, axis_name, codec, policy, kind),
+        lambda flat, chosen, nbytes: _send(flat, axis_name, chosen, kind, nbytes),
+    )
 
 
 def _one_ef(x, residual, axis_name, codec, policy, kind):
@@ -66,43 +84,56 @@ def _one(x, axis_name, codec, policy, kind):
         return x * transport().axis_size(axis_name)
     x = c.as_array(x)
     chosen = c.resolve(x, axis_name, codec, policy, kind)
-    x, vma = c.prepare(x, axis_name)
+    return _send(c.prepare(x, axis_name)[0], axis_name, chosen, kind)
+
+
+def _send(x, axis_name, chosen: Codec | None, kind, nbytes=None):
+    """The psum of `x` (prepared) with the resolved codec; `nbytes`: its raw bytes when `x`
+    carries padding (a bucket), for the ledger."""
+    vma = check_vma_enabled()
     if chosen is None and not c.differentiable(x):
-        return _plain(x, axis_name, kind)
-    return _psum(x, axis_name, chosen, kind, vma)
+        return _plain(x, axis_name, kind, nbytes)
+    return _psum(x, axis_name, chosen, kind, vma, nbytes)
 
 
-def _psum(x, axis_name, codec: Codec | None, kind, vma: bool):
+def _psum(x, axis_name, codec: Codec | None, kind, vma: bool, nbytes=None):
     return c.linear(
         x,
-        lambda a: _run(a, axis_name, codec, kind),
-        lambda ct: _bwd(axis_name, codec, kind, vma, ct),
+        lambda a: _run(a, axis_name, codec, kind, nbytes=nbytes),
+        lambda ct: _bwd(axis_name, codec, kind, vma, nbytes, ct),
     )
 
 
-def _bwd(axis_name, codec, kind, vma, ct):
+def _bwd(axis_name, codec, kind, vma, nbytes, ct):
     if vma:  # psum maps varying -> invariant; its transpose is the identity per shard.
         return make_varying(ct, axis_tuple(axis_name))
-    return _psum(ct, axis_name, codec, kind, vma)
+    return _psum(ct, axis_name, codec, kind, vma, nbytes)
 
 
-def _plain(x, axis_name, kind):
+def _ring(parts: int, nbytes: float) -> float:
+    """Bytes per rank a ring allreduce of `nbytes` moves."""
+    return 2 * (parts - 1) / parts * nbytes
+
+
+def _plain(x, axis_name, kind, nbytes=None):
     parts = transport().axis_size(axis_name)
-    raw = 2 * (parts - 1) / parts * c.nbytes(x)
-    return c.record(axis_name, kind, raw, raw, anchor=transport().psum(x, axis_name))
+    raw = _ring(parts, c.nbytes(x) if nbytes is None else nbytes)
+    wire = _ring(parts, c.nbytes(x))
+    return c.record(axis_name, kind, raw, wire, anchor=transport().psum(x, axis_name))
 
 
-def _run(x, axis_name, codec: Codec | None, kind, residual=None):
-    """The compressed psum of `x`; with `residual`, (the psum of x + residual, new residual)."""
+def _run(x, axis_name, codec: Codec | None, kind, residual=None, nbytes=None):
+    """The compressed psum of `x`; with `residual`, (the psum of x + residual, new residual).
+    `nbytes`: the raw bytes of what `x` holds when it carries padding (a bucket)."""
     t = transport()
     parts = t.axis_size(axis_name)
     feedback = residual is not None
     y, send = ef.carry(x, residual) if feedback else (None, x)
     if codec is None or parts == 1:
-        out = _plain(send, axis_name, kind)
+        out = _plain(send, axis_name, kind, nbytes)
         return (out, ef.kept(y, send)) if feedback else out
     n, shape, dtype = x.size, x.shape, x.dtype
-    raw = 2 * (parts - 1) / parts * c.nbytes(x)
+    raw = _ring(parts, c.nbytes(x) if nbytes is None else nbytes)
     if not feedback and t.fused(codec, dtype, axis_name):
         out, wire, fell = t.fused_psum(x, axis_name, codec)
         return c.record(axis_name, kind, raw, wire, fell, anchor=out)
@@ -144,7 +175,8 @@ def _run(x, axis_name, codec: Codec | None, kind, residual=None):
         return unrows(out), unrows(jnp.where(owned, lost + lost2, lost))
 
     def plain():
-        out = c.record(axis_name, kind, raw, raw + agree, True, anchor=t.psum(send, axis_name))
+        wire = _ring(parts, c.nbytes(x)) + agree
+        out = c.record(axis_name, kind, raw, wire, True, anchor=t.psum(send, axis_name))
         return out, ef.kept(y, send) if feedback else None
 
     out, new = c.guarded(ok, axis_name, codec, reduce_scatter_then_gather, plain)
