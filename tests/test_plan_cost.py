@@ -48,9 +48,7 @@ def valid_plans(data, groups):
     sizes = sorted({1, *(groups or []), data})
     if groups is None:
         sizes = [1, data]
-    return sorted(
-        {(p, g, o) for o in sizes for p in sizes if o % p == 0 for g in {p, o}}
-    )
+    return sorted({(p, g, o) for o in sizes for p in sizes if o % p == 0 for g in {p, o}})
 
 
 def _layout(mesh: MeshConfig, **kw) -> Layout:

@@ -259,7 +259,7 @@ def residual_values(lay: Layout, padded: int) -> int:
 def memory(
     shape: ModelShape, lay: Layout, batch: int, seq: int, error_feedback: bool = False
 ) -> Memory:
-    """`error_feedback`: the plan's grad codec on the data levels keeps residuals (float32, in OS)."""
+    """Per device; `error_feedback`: the data levels' grad codec keeps residuals (float32: OS)."""
     ep, eg, ea = PRECISIONS[lay.precision]
     size, padded = device_params(shape, lay)
     if lay.precision == "float32":
