@@ -427,16 +427,13 @@ def plan_overrides(args, out_dir_for_policy) -> list[str]:
             cfg.model.block_size,
             compression=cfg.compression,
         )
-        from jaxhc.policy import Policy
-
-        flat_only = Policy.load(cfg.compression).error_feedback("data")  # needs one data level
+        # the sampled fidelity needs every rank's whole local gradients: not with s_p > 1
+        sharded_ok = cfg.train.fidelity_every == 0
         best = next(
             (
                 c
                 for c in rows
-                if not c.rejected
-                and c.trainable == "yes"
-                and (len(c.layout.levels) == 1 or not flat_only)
+                if not c.rejected and c.trainable == "yes" and (c.layout.params == 1 or sharded_ok)
             ),
             None,
         )

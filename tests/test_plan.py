@@ -16,6 +16,9 @@ from jaxhc.parallel import init_state, make_mesh, make_train_step
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.state import Plan
 from jaxhc.plan import amsp_bytes, data_collectives, state_bytes
+from jaxhc.plan.cluster import local
+from jaxhc.plan.cost import Layout, collectives
+from jaxhc.plan.shapes import from_gpt
 
 EF = jaxhc.Policy.from_dict(
     {"name": "ef", "min_bytes": 0, "axes": {"data": {"codec": "zfp:8", "error_feedback": True}}}
@@ -26,6 +29,8 @@ CASES = [  # (data, tensor, pipe, shard, policy)
     (8, 1, 1, {"grads": 2, "optim": 2, "groups": [2, 4]}, "none"),
     (4, 2, 1, {"optim": 1}, "none"),
     (2, 2, 2, {"grads": 1}, EF),
+    (8, 1, 1, {"params": 2, "grads": 2, "optim": 8, "groups": [2]}, "none"),  # ZeRO-3 style
+    (8, 1, 1, {"params": 2, "grads": 4, "optim": 4, "groups": [2, 4]}, EF),  # a residual a level
 ]
 
 
@@ -46,6 +51,8 @@ def test_state_bytes_are_what_the_compiled_step_takes(data, tensor, pipe, shard,
     rows = tokens.nbytes // data
     want = state_bytes(CFG, mesh_cfg, policy)
     assert analysis.argument_size_in_bytes == want.state + rows
+    held = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))
+    assert held == want.state  # the state's arrays, one device's shards
     layout = Plan(CFG, mesh_cfg).layout
     assert want.grads == 4 * layout.padded // ShardPlan.of(mesh_cfg).grads
 
@@ -63,6 +70,9 @@ MDATA = jaxhc.Policy.from_dict(
         (8, 1, 1, {"grads": 1, "optim": 4}, ZDATA),
         (8, 1, 1, {"grads": 2, "optim": 2, "groups": [2, 4]}, ZDATA),
         (4, 2, 1, {"grads": 1, "optim": 2}, MDATA),  # messages under 20000 bytes go raw
+        CASES[5],  # sharded parameters: gathered once, gradients reduce-scattered once a step
+        (8, 1, 1, {"params": 2, "grads": 2, "optim": 8, "groups": [2, 4]}, ZDATA),
+        (4, 2, 1, {"params": 4}, "none"),
     ],
 )
 def test_data_collective_bytes_are_the_ledgers(data, tensor, pipe, shard, policy):
@@ -83,6 +93,14 @@ def test_data_collective_bytes_are_the_ledgers(data, tensor, pipe, shard, policy
     assert {k: got[k]["raw_bytes"] for k in keys} == pytest.approx(dict(raw), rel=1e-12)
     assert {k: got[k]["wire_bytes"] for k in keys} == pytest.approx(dict(wire), rel=1e-12)
     assert all(got[k]["fallbacks"] == 0 for k in keys)
+    # the planner's cost model (jaxhc.plan.cost) predicts the same bytes per step
+    p, g, o, levels = mesh_cfg.shard.resolve(data)
+    lay = Layout(data, tensor, pipe, mesh_cfg.microbatches, p, g, o, levels)
+    model = defaultdict(float)
+    for c in collectives(from_gpt("tiny", CFG), lay, 16, CFG.block_size, local(mesh_cfg.size)):
+        if c.axis in data_axes:
+            model[f"{c.axis}/{c.kind}"] += c.count * c.raw
+    assert {k: got[k]["raw_bytes"] for k in keys} == pytest.approx(dict(model), rel=1e-12)
     if policy is not ZDATA:
         return
     assert all(wire[k] < raw[k] / 3 for k in raw)  # zfp:8 on every data message

@@ -181,6 +181,7 @@ def test_train_with_a_written_plan_and_auto(tmp_path, capsys):
         ).groups(),
     )
     mesh = _mesh_of(tmp_path / "b")
+    assert s_p > 1  # sharded parameters: the best plan here, and jaxhc trains it
     assert (mesh["tensor"], mesh["pipe"], mesh["data"]) == (t, p, d)
     assert (mesh["shard"]["params"], mesh["shard"]["grads"], mesh["shard"]["optim"]) == (
         s_p,
@@ -193,6 +194,17 @@ def test_train_with_a_written_plan_and_auto(tmp_path, capsys):
     plan.write_text("mesh: {data: 8}\nextra: 1\n")
     assert jaxhc_train(tmp_path / "c", log, "--plan", str(plan), *TINY) == 2
     assert "unknown plan key 'extra'" in log.read_text()
+
+
+def test_auto_keeps_parameters_whole_when_fidelity_is_sampled(tmp_path):
+    """The sampled fidelity needs whole local gradients, which s_p > 1 never holds: auto picks the
+    best plan with s_p = 1 then (without it, this model's best plan shards the parameters)."""
+    log = tmp_path / "log"
+    argv = ["--steps", "1", "--plan", "auto", *TINY]
+    assert jaxhc_train(tmp_path / "a", log, *argv, "train.fidelity_every=1") == 0, log.read_text()
+    line = next(x for x in log.read_text().splitlines() if x.startswith("plan auto: "))
+    assert "(s_p, s_g, s_os) = (1, " in line
+    assert _mesh_of(tmp_path / "a")["shard"]["params"] == 1
 
 
 def test_a_written_plan_with_a_codec_is_a_policy_train_loads(tmp_path, capsys):

@@ -23,7 +23,7 @@ from jaxhc.plan.cost import (
     memory,
     trainable,
 )
-from jaxhc.plan.search import best_of_families, search, table
+from jaxhc.plan.search import best_of_families, evaluate, search, table
 from jaxhc.plan.shapes import LLAMA, from_gpt
 
 SHAPE = from_gpt("tiny", CFG)
@@ -44,11 +44,11 @@ ZDATA = jaxhc.Policy.from_dict({"name": "zdata", "min_bytes": 0, "axes": {"data"
 
 
 def valid_plans(data, groups):
-    """Every trainable (1, s_g, s_os) on the data axis nested in `groups`."""
+    """Every trainable (s_p, s_g, s_os) on the data axis nested in `groups`."""
     sizes = sorted({1, *(groups or []), data})
     if groups is None:
         sizes = [1, data]
-    return [(1, g, o) for o in sizes for g in sorted({1, o})]
+    return sorted({(p, g, o) for o in sizes for p in sizes if o % p == 0 for g in {p, o}})
 
 
 def _layout(mesh: MeshConfig, **kw) -> Layout:
@@ -71,8 +71,8 @@ def test_parameter_counts():
 @pytest.mark.parametrize("tensor", [1, 2])
 @pytest.mark.parametrize("data, groups", [(8, None), (8, [2]), (8, [4]), (8, [2, 4]), (4, [2])])
 def test_generalised_collectives_are_jaxhcs_for_every_valid_plan(data, groups, tensor):
-    """For s_p = 1 in float32 the cost model's data collectives are `data_collectives`' (equal to
-    the ledger's, tests/test_plan.py), raw and under zfp:8, per sub-axis and kind."""
+    """In float32 the cost model's data collectives are `data_collectives`' (equal to the
+    ledger's, tests/test_plan.py), raw and under zfp:8, per sub-axis and kind, s_p > 1 included."""
     plans = valid_plans(data, groups)
     assert plans
     for p, g, o in plans:
@@ -95,18 +95,36 @@ def test_generalised_collectives_are_jaxhcs_for_every_valid_plan(data, groups, t
         assert [(c.axis, c.op) for c in ours] == [(c.axis, c.op) for c in theirs]
 
 
-@pytest.mark.parametrize("shard", [{}, {"optim": 1}, {"grads": 1, "optim": 4, "groups": [4]}])
-def test_float32_state_is_jaxhcs_exact_count(shard):
+EF = jaxhc.Policy.from_dict(
+    {"name": "ef", "min_bytes": 0, "axes": {"data": {"codec": "zfp:8", "error_feedback": True}}}
+)
+
+
+@pytest.mark.parametrize(
+    "shard",
+    [
+        {},
+        {"optim": 1},
+        {"grads": 1, "optim": 4, "groups": [4]},
+        {"params": 2, "grads": 2, "optim": 8, "groups": [2]},
+        {"params": 8},
+        {"params": 2, "grads": 4, "optim": 4, "groups": [2, 4]},
+    ],
+)
+@pytest.mark.parametrize("policy", [None, EF])
+def test_float32_state_is_jaxhcs_exact_count(shard, policy):
     mesh = MeshConfig(8, 1, 1, 1, shard=shard)
-    want = state_bytes(CFG, mesh)
-    got = memory(SHAPE, _layout(mesh), 64, 16)
+    want = state_bytes(CFG, mesh, policy)
+    got = memory(SHAPE, _layout(mesh), 64, 16, error_feedback=policy is not None)
     assert (got.params, got.grads, got.optim) == (want.params, want.grads, want.optim)
 
 
 def test_sharded_parameters_follow_the_formulas():
-    """s_p > 1 (ZeRO-3-like): P = 4 psi_pad / s_p; the parameters are gathered forward and backward
-    every micro-batch, (s_p - 1) / s_p n each time, and the gradients reduce-scattered per
-    micro-batch; the trainer refuses it today, and the plan says so."""
+    """s_p > 1 (ZeRO-3) as jaxhc's step runs it (float32): P = 4 psi_pad / s_p; the parameters
+    gathered once a step (the forward), (s_p - 1) / s_p n, the gradients reduce-scattered once a
+    step, not per micro-batch; the whole gathered vector is a temporary beside the unreduced
+    gradient; error-feedback residuals per level. The trainer takes it. Mixed precision keeps the
+    layer-wise ZeRO-3 count: gathers forward and backward every micro-batch."""
     mesh = MeshConfig(8, 1, 1, 1)
     padded = Plan(CFG, mesh).layout.padded
     lay = Layout(8, 1, 1, 2, 8, 8, 8, (8,))
@@ -116,13 +134,32 @@ def test_sharded_parameters_follow_the_formulas():
         4 * padded // 8,
         4 * (3 * padded // 8 + 2),
     )
+    flat = memory(SHAPE, dataclasses.replace(lay, params=1), 64, 16)
+    assert mem.temporaries - flat.temporaries == 4 * padded  # the gathered parameters
     comms = collectives(SHAPE, lay, 64, 16, CLUSTER)
-    gathers = [c for c in comms if c.kind == "param" and c.count == 4]
-    assert len(gathers) == 1 and gathers[0].raw == 7 / 8 * 4 * padded
-    rs = [c for c in comms if c.op == "psum_scatter"]
-    assert [c.count for c in rs] == [2]
-    assert not [c for c in comms if c.kind == "param" and c.count == 1]  # nothing to exchange
-    assert trainable(SHAPE, lay) == "not trainable yet (s_p > 1)"
+    assert [(c.kind, c.op, c.count) for c in comms] == [
+        ("param", "all_gather", 1),
+        ("grad", "psum_scatter", 1),
+    ]  # nothing to exchange: s_os = s_p
+    assert comms[0].raw == 7 / 8 * 4 * padded == comms[1].raw
+    nested = Layout(8, 1, 1, 2, 2, 2, 8, (2, 8))
+    assert memory(SHAPE, nested, 64, 16, error_feedback=True).optim == memory(
+        SHAPE, nested, 64, 16
+    ).optim + 4 * (padded + padded // 2)
+    ef = evaluate(SHAPE, nested, CLUSTER, 64, 16, codec_by_policy(EF)).memory  # search counts it
+    assert ef == memory(SHAPE, nested, 64, 16, error_feedback=True)
+    got = [(c.axis, c.kind, c.op, c.message) for c in collectives(SHAPE, nested, 64, 16, CLUSTER)]
+    assert got == [
+        ("data.1", "param", "all_gather", padded // 2),
+        ("data.1", "grad", "psum_scatter", padded),
+        ("data.0", "grad", "psum_scatter", padded // 2),
+        ("data.0", "grad", "all_gather", padded // 8),  # back outside s_g
+        ("data.0", "param", "all_gather", padded // 8),  # the update: outside the s_p group only
+    ]
+    mixed = collectives(SHAPE, dataclasses.replace(lay, precision="mixed"), 64, 16, CLUSTER)
+    assert [(c.kind, c.count) for c in mixed] == [("param", 4), ("grad", 2)]
+    assert trainable(SHAPE, lay) == "yes"
+    assert trainable(SHAPE, nested) == "yes"
     assert trainable(SHAPE, dataclasses.replace(lay, params=1)) == "yes"
     assert trainable(LLAMA["llama-7b"], lay) == "shapes only"
 
@@ -194,18 +231,21 @@ def test_search_ranks_rejects_and_marks():
     assert not odd[0].rejected and 24 % (lay.data * lay.microbatches) == 0
     fams = best_of_families(rows)
     assert {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "MiCS", "AMSP"} <= set(fams)
-    assert fams["ZeRO-3"].trainable == "not trainable yet (s_p > 1)"
+    assert fams["ZeRO-3"].trainable == "yes"
     # the best plan's time is what its collectives add up to
     best = fits[0]
     assert best.comm_seconds == pytest.approx(
         comm_time(collectives(SHAPE, best.layout, 64, 16, CLUSTER), CLUSTER)
     )
     # a limit between the DDP and ZeRO-3 memory rejects DDP as out of memory, one line each
-    fams = best_of_families(search(SHAPE, CLUSTER, 64, 16, tensors=[1], pipes=[1]))
-    ddp, z3 = fams["DDP"].memory.total, fams["ZeRO-3"].memory.total
+    rows = search(SHAPE, CLUSTER, 64, 16, tensors=[1], pipes=[1])
+    least = {f: min(r.memory.total for r in rows if r.family == f) for f in ("DDP", "ZeRO-3")}
+    ddp, z3 = least["DDP"], least["ZeRO-3"]  # recomputation included
+    assert z3 < ddp
     tight = dataclasses.replace(CLUSTER, memory=(ddp + z3) / 2)
     rows = search(SHAPE, tight, 64, 16, tensors=[1], pipes=[1])
-    assert "DDP" not in best_of_families(rows)
+    fams = best_of_families(rows)
+    assert "DDP" not in fams and "ZeRO-3" in fams
     text = table(rows, top=3, rejected=1000)
     oom = [x for x in text.splitlines() if "out of memory" in x]
     assert oom and all(x.startswith("rejected: ") and x.count("GiB >") == 1 for x in oom)

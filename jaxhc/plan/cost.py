@@ -6,8 +6,12 @@ axis nested in `levels` (group sizes, innermost first, ending with data), the co
 levels that cross nodes, the precision and whether layers are recomputed.
 
 Memory (bytes per device; psi = the device's parameters, its tensor x pipe block):
-  float32 (jaxhc): P = 4 psi / s_p, G = 4 psi / s_g, OS = 12 psi / s_os (two AdamW moments and the
-                   master copy) + 8; psi, for a model jaxhc trains, its padded flat vector's size
+  float32 (jaxhc): P = 4 psi (s_p = 1: the parameter tree) or 4 psi_pad / s_p (its chunk of the
+                   flat vector padded to 4 x data), G = 4 psi_pad / s_g (the reduced chunk, a
+                   temporary), OS = 12 psi_pad / s_os (two AdamW moments and the master copy) + 8,
+                   with error feedback + 4 x the residual of every reduce-scatter level (the
+                   vector it sends: psi_pad innermost, 1/(the inner levels' ranks) of it further
+                   out); psi, for a model jaxhc trains, its flat layout's count
                    (`jaxhc.plan.memory.state_bytes`, equal to the compiled step's to the byte)
   mixed (AMSP):    P = 2 psi / s_p, G = 2 psi / s_g, OS = 12 psi / s_os
   activations:     per layer and micro-batch `ModelShape.activation_bytes` (+ the softmax
@@ -15,16 +19,20 @@ Memory (bytes per device; psi = the device's parameters, its tensor x pipe block
                    micro-batch in flight (GPipe keeps all m; without a pipeline one); with
                    recomputation each layer keeps its input only, plus one layer's full set
   temporaries:     logits and their gradient (float32, vocab / tensor per token of a micro-batch);
-                   float32: the whole unreduced gradient 4 psi (jaxhc's step reduces it at the
-                   end), mixed: one layer's gradient (a bucket); s_p > 1: two layers' gathered
+                   float32: the whole unreduced gradient 4 psi_pad (jaxhc's step reduces it at
+                   the end), and for s_p > 1 the whole gathered parameter vector 4 psi_pad;
+                   mixed: one layer's gradient (a bucket), and for s_p > 1 two layers' gathered
                    parameters (the one in use and the next)
 
 Collectives per step, per device (ring algorithms; n the bytes of the flat vector in the
 precision moved: 4 psi float32, 2 psi mixed), level by level over the nested data axis:
-  param gather (s_p > 1):   all-gather n / s_p -> n over the levels inside s_p, forward and
-                            backward, every micro-batch: 2 m (s_p - 1) / s_p n
-  grad reduce-scatter:      level by level, innermost first, to n / data, once per step (every
-                            micro-batch when s_p > 1, where no whole gradient is kept); then the
+  param gather (s_p > 1):   all-gather n / s_p -> n over the levels inside s_p, outermost first;
+                            float32 (jaxhc): once per step, the whole vector for the forward (its
+                            reverse mode is the gradients' reduce-scatter): (s_p - 1) / s_p n;
+                            mixed (ZeRO-3 style, layer by layer): forward and backward, every
+                            micro-batch: 2 m (s_p - 1) / s_p n
+  grad reduce-scatter:      level by level, innermost first, to n / data, once per step (mixed
+                            with s_p > 1: every micro-batch, no whole gradient is kept); then the
                             all-gather back over the levels outside the gradient group (there a
                             hierarchical all-reduce): (k - 1)/k n per level as n shrinks k-fold
   param exchange:           the updated OS chunk all-gathered over the levels inside s_os and
@@ -36,8 +44,8 @@ precision moved: 4 psi float32, 2 psi mixed), level by level over the nested dat
                             end stages send one way); and an all-reduce of the gradients of
                             what every stage holds (GPT-2: the tied embedding, positions, final
                             norm), 2 (p - 1)/p x their bytes
-For s_p = 1 in float32 these are exactly `jaxhc.plan.traffic.data_collectives` (tested), whose
-bytes equal the ledger's.
+In float32 these are exactly `jaxhc.plan.traffic.data_collectives` (tested), whose bytes equal
+the ledger's.
 
 Time of a collective of k ranks: (k - 1) latencies (2 (k - 1) for an all-reduce) + wire bytes /
 bandwidth of the links its group spans (intra-node when its devices fit in a node; across nodes
@@ -237,13 +245,29 @@ def tokens_per_microbatch(lay: Layout, batch: int, seq: int) -> tuple[int, int]:
     return b, b * seq
 
 
-def memory(shape: ModelShape, lay: Layout, batch: int, seq: int) -> Memory:
+def residual_values(lay: Layout, padded: int) -> int:
+    """Error feedback: a residual per reduce-scatter level (a level of k > 1 ranks), the vector it
+    sends: `padded` values at the innermost, 1/(the inner levels' ranks) of it further out."""
+    total, n = 0, padded
+    for k in lay.factors:
+        if k > 1:
+            total += n
+            n //= k
+    return total
+
+
+def memory(
+    shape: ModelShape, lay: Layout, batch: int, seq: int, error_feedback: bool = False
+) -> Memory:
+    """Per device; `error_feedback`: the data levels' grad codec keeps residuals (float32: OS)."""
     ep, eg, ea = PRECISIONS[lay.precision]
     size, padded = device_params(shape, lay)
     if lay.precision == "float32":
         p = 4 * (size if lay.params == 1 else padded // lay.params)
         g = 4 * padded // lay.grads
         os_ = 4 * (3 * padded // lay.optim + 2)
+        if error_feedback:
+            os_ += 4 * residual_values(lay, padded)
     else:
         p, g, os_ = 2 * padded // lay.params, 2 * padded // lay.grads, 12 * padded // lay.optim
     b, tok = tokens_per_microbatch(lay, batch, seq)
@@ -256,9 +280,10 @@ def memory(shape: ModelShape, lay: Layout, batch: int, seq: int) -> Memory:
         act = inflight * layers * full
     layer = -(-shape.layer_params() // t)
     temp = 2 * 4 * tok * -(-shape.vocab // t)
-    temp += 4 * padded if lay.precision == "float32" and lay.params == 1 else eg * layer
-    if lay.params > 1:
-        temp += 2 * ep * layer
+    if lay.precision == "float32":  # the unreduced gradient; s_p > 1: the gathered parameters
+        temp += 4 * padded * (2 if lay.params > 1 else 1)
+    else:  # a layer's gradient bucket; s_p > 1: the layer in use and the next, gathered
+        temp += eg * layer + (2 * ep * layer if lay.params > 1 else 0)
     return Memory(p, g, os_, act, temp)
 
 
@@ -287,6 +312,7 @@ def codec_by_policy(policy):
             return None
         return codec
 
+    of.error_feedback = pol.error_feedback("data")  # the trainer's rule: residuals in the state
     return of
 
 
@@ -313,14 +339,17 @@ def collectives(
         out.append(Comm(lay.axis(i), kind, op, k, span, message, itemsize, count, codec, members))
 
     inside = lambda s: [i for i, g in enumerate(levels) if g <= s]  # noqa: E731
-    # parameter gathers (s_p > 1), outermost level first, forward and backward per micro-batch
+    # parameter gathers (s_p > 1), outermost level first: jaxhc's step (float32) once (forward),
+    # the whole vector; layer by layer, forward and backward, every micro-batch in mixed
+    layerwise = lay.precision != "float32"
     if lay.params > 1:
         n = padded // lay.params
         for i in reversed(inside(lay.params)):
-            add(i, "param", "all_gather", n, ep, 2 * m)
+            add(i, "param", "all_gather", n, ep, 2 * m if layerwise else 1)
             n *= factors[i]
-    # gradient reduce-scatter, innermost first, to 1/data
-    per_micro = lay.params > 1
+    # gradient reduce-scatter, innermost first, to 1/data (once a step; per micro-batch inside
+    # s_g for a layer-wise s_p > 1, which keeps no whole gradient)
+    per_micro = layerwise and lay.params > 1
     n = padded
     for i in range(len(levels)):
         count = m if per_micro and levels[i] <= lay.grads else 1
@@ -408,8 +437,6 @@ def trainable(shape: ModelShape, lay: Layout) -> str:
     try:
         ShardConfig(*lay.sizes, groups=lay.groups).resolve(lay.data)
     except ValueError as e:
-        if lay.params > 1 and "not implemented" in str(e):
-            return "not trainable yet (s_p > 1)"
         return f"no: {e}"
     if lay.precision != "float32":
         return "not as counted (jaxhc trains float32)"

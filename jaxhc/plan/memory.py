@@ -1,9 +1,11 @@
 """Per-device bytes of a sharding plan's state: parameters (P), gradients (G), optimizer (OS).
 
-jaxhc keeps everything in float32: a device holds its parameters (its tensor/pipe block,
-replicated over "data": s_p = 1), AdamW's two moments and the exact master copy of 1/s_os of its
-padded flat vector, and after the reduction 1/s_g of the summed gradients; AdamW's step count and
-the train step are int32 scalars. With error feedback it also holds its whole padded residual.
+jaxhc keeps everything in float32: a device holds its parameters (its tensor/pipe block: the
+parameter tree when s_p = 1, its 1/s_p chunk of the padded flat vector when s_p > 1), AdamW's two
+moments and the exact master copy of 1/s_os of its padded flat vector, and after the reduction
+1/s_g of the summed gradients; AdamW's step count and the train step are int32 scalars. With error
+feedback it also holds a residual per reduce-scatter level, the vector that level sends: the
+padded vector at the innermost level, 1/(the inner levels' ranks) of it further out.
 `state_bytes` counts what the compiled train step takes as its (donated) state, to the byte
 (tests/test_plan.py checks it against XLA's memory analysis); the gradient chunk is a temporary.
 
@@ -19,6 +21,7 @@ import dataclasses
 from jaxhc.model.config import GPTConfig, MeshConfig
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.state import Plan
+from jaxhc.parallel.zero import residual_sizes
 
 FLOAT32 = 4
 OPT_VECTORS = 3  # AdamW's mu and nu, the master copy
@@ -50,9 +53,10 @@ def state_bytes(model: GPTConfig, mesh: MeshConfig, policy=None) -> StateBytes:
     shard, layout = plan.shard, plan.layout
     optim = OPT_VECTORS * layout.padded // shard.optim + SCALARS
     if plan.error_feedback:
-        optim += layout.padded
+        optim += sum(residual_sizes(layout.padded, shard))
+    params = layout.padded // shard.params if shard.sharded_params else layout.size
     return StateBytes(
-        params=FLOAT32 * layout.size,
+        params=FLOAT32 * params,
         grads=FLOAT32 * layout.padded // shard.grads,
         optim=FLOAT32 * optim,
     )

@@ -111,7 +111,8 @@ def evaluate(
     why = check_layout(shape, lay, batch)
     if why:
         return Candidate(lay, None, 0.0, 0.0, f"invalid: {why}")
-    mem = memory(shape, lay, batch, seq)
+    ef = lay.data > 1 and getattr(codec_of, "error_feedback", False)
+    mem = memory(shape, lay, batch, seq, error_feedback=ef)
     comms = collectives(shape, lay, batch, seq, cluster, codec_of or codec_by_spec(lay.codec))
     rejected = ""
     if mem.total > cluster.memory:

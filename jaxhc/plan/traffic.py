@@ -1,16 +1,21 @@
 """Per-device bytes and time of a step's data-parallel collectives under a sharding plan.
 
-The train step (`jaxhc.parallel.zero`) reduce-scatters the flat gradient vector (n bytes) level
-by level, innermost first: over a level of k ranks (k - 1) / k x n, after which n shrinks k-fold;
-it all-gathers the reduced chunk back over the levels outside the gradient group, outermost first
-((k - 1) x n per level, n growing k-fold), and then the updated optimizer-state chunk (c bytes)
-over the optimizer-state group's levels, outermost first ((k - 1) x c). These are the bytes a
-ring collective moves per device, which the ledger records as ``raw_bytes`` (tests/test_plan.py
-checks them per sub-axis and kind); under a policy, `Collective.wire` gives the bytes jaxhc's
-compressed algorithms move (the ledger's ``wire_bytes``, also checked).
+With sharded parameters (s_p > 1) the step first all-gathers the device's 1/s_p chunk of its
+padded flat vector over the parameter group's levels, outermost first ((k - 1) x chunk per level,
+the chunk growing k-fold), once per step (the forward; the backward keeps the gathered copy). The
+train step (`jaxhc.parallel.zero`) reduce-scatters the flat gradient vector (n bytes) level by
+level, innermost first, once per step (not per micro-batch): over a level of k ranks
+(k - 1) / k x n, after which n shrinks k-fold; it all-gathers the reduced chunk back over the
+levels outside the gradient group, outermost first ((k - 1) x n per level, n growing k-fold), and
+then the updated optimizer-state chunk (c bytes) over the optimizer-state group's levels outside
+the parameter group, outermost first ((k - 1) x c; s_p > 1: up to the device's parameter chunk).
+These are the bytes a ring collective moves per device, which the ledger records as
+``raw_bytes`` (tests/test_plan.py checks them per sub-axis and kind); under a policy,
+`Collective.wire` gives the bytes jaxhc's compressed algorithms move (the ledger's
+``wire_bytes``, also checked).
 
-`jaxhc.plan.cost.collectives` generalises these (s_p > 1, mixed precision, tensor and pipe
-traffic) and times them; for s_p = 1 in float32 it gives these bytes (tests/test_plan_cost.py).
+`jaxhc.plan.cost.collectives` generalises these (mixed precision, tensor and pipe traffic) and
+times them; in float32 it gives these bytes (tests/test_plan_cost.py).
 """
 
 from __future__ import annotations
@@ -57,14 +62,23 @@ class Collective:
 
 def data_collectives(mesh: MeshConfig, flat_bytes: int) -> list[Collective]:
     """The data-axis collectives of one train step on a device whose padded flat parameter
-    vector has `flat_bytes` bytes, in the order the step runs them."""
+    vector has `flat_bytes` bytes, in the order the step runs them: with sharded parameters
+    (s_p > 1) first the parameters' all-gather over the parameter group (once, forward: its
+    reverse mode is the gradients' reduce-scatter over the same levels)."""
     shard = ShardPlan.of(mesh)
     inner = dict.fromkeys(shard.axes, 1)
     n = 1
     for axis, size in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
         n *= size
         inner[axis] = n
+    size_of = dict(zip(shard.axes, shard.sizes, strict=True))
     out = []
+    p = flat_bytes // shard.params
+    for axis in shard.param_axes if shard.sharded_params else ():
+        k = size_of[axis]
+        if k > 1:
+            out.append(Collective(axis, "param", "all_gather", k, inner[axis], (k - 1) * p, p // 4))
+            p *= k
     n = flat_bytes  # divisible by every group size (the padding)
     for axis, k in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
         if k > 1:
@@ -76,9 +90,9 @@ def data_collectives(mesh: MeshConfig, flat_bytes: int) -> list[Collective]:
             out.append(Collective(axis, "grad", "all_gather", k, inner[axis], (k - 1) * n, n // 4))
             n *= k
     m = flat_bytes // shard.optim
-    for axis in shard.optim_axes:
-        k = shard.sizes[shard.axes.index(axis)]
-        if k > 1:
+    for axis in shard.optim_axes:  # up to the parameter chunk: not over the parameter group
+        k = size_of[axis]
+        if k > 1 and axis not in (shard.param_axes if shard.sharded_params else ()):
             out.append(Collective(axis, "param", "all_gather", k, inner[axis], (k - 1) * m, m // 4))
             m *= k
     return out
