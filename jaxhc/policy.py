@@ -359,4 +359,6 @@ _EF = {"codec": "zfp", "rate": 8, "error_feedback": True}
 PRESETS["mzhybrid_ef"] = {"axes": {**PRESETS["mzhybrid"]["axes"], "data": _EF}}
 PRESETS["zhybrid_ef"] = {"axes": {**PRESETS["zhybrid"]["axes"], "data": _EF}}
 PRESETS["zfp8_ef"] = {"axes": {**PRESETS["zfp8"]["axes"], "data": _EF}}
-PRESETS["q8_ef"] = {"axes": {**PRESETS["q8"]["axes"], "data": {"codec": "q8", "error_feedback": True}}}
+PRESETS["q8_ef"] = {
+    "axes": {**PRESETS["q8"]["axes"], "data": {"codec": "q8", "error_feedback": True}}
+}

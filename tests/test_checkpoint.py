@@ -242,7 +242,8 @@ def written(tmp_path_factory):
 @pytest.mark.parametrize("b", [(4, 2, 1), (1, 1, 1), (8, 1, 1), (1, 2, 4)])
 def test_training_resumes_on_another_mesh(written, b):
     """Policy none: resumed on mesh b, the next two losses are those of a run on mesh b from the
-    same state (placed there by the oracle), bit for bit; they continue the 2 x 2 x 2 run's within rounding."""
+    same state (placed there by the oracle), bit for bit; they continue the 2 x 2 x 2 run's within
+    rounding."""
     ckpt, canon, losses, batches = written
     cfg = _cfg(mesh(*b))
     runner = XlaRunner(cfg, jax.devices()[: cfg.mesh.size])
