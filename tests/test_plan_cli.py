@@ -196,6 +196,7 @@ def test_train_with_a_written_plan_and_auto(tmp_path, capsys):
     assert "unknown plan key 'extra'" in log.read_text()
 
 
+@pytest.mark.slow
 def test_auto_keeps_parameters_whole_when_fidelity_is_sampled(tmp_path):
     """The sampled fidelity needs whole local gradients, which s_p > 1 never holds: auto picks the
     best plan with s_p = 1 then (without it, this model's best plan shards the parameters)."""
