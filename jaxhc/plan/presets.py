@@ -17,25 +17,33 @@ MODELS = {
 }
 
 
+def _read_mapping(path: str, presets) -> dict:
+    """The model mapping of YAML file `path` (a ``model:`` section is accepted); one-line errors
+    naming `presets` when `path` is neither a preset nor a YAML file."""
+    if not path.endswith((".yaml", ".yml")):
+        raise ValueError(f"--model {path!r}: use a preset ({', '.join(presets)}) or a YAML path")
+    if not os.path.exists(path):
+        raise ValueError(f"--model {path!r} does not exist")
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    data = data.get("model", data) if isinstance(data, dict) else data
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of model keys")
+    return data
+
+
+def _gpt_config(path: str, data: dict) -> GPTConfig:
+    try:
+        return GPTConfig(**data)
+    except TypeError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
 def load_model(name_or_path: str) -> GPTConfig:
     """A preset name or a YAML file of `GPTConfig` keys (a ``model:`` section is accepted)."""
     if name_or_path in MODELS:
         return MODELS[name_or_path]
-    if not name_or_path.endswith((".yaml", ".yml")):
-        raise ValueError(
-            f"--model {name_or_path!r}: use a preset ({', '.join(MODELS)}) or a YAML path"
-        )
-    if not os.path.exists(name_or_path):
-        raise ValueError(f"--model {name_or_path!r} does not exist")
-    with open(name_or_path) as f:
-        data = yaml.safe_load(f) or {}
-    data = data.get("model", data) if isinstance(data, dict) else data
-    if not isinstance(data, dict):
-        raise ValueError(f"{name_or_path}: expected a mapping of model keys")
-    try:
-        return GPTConfig(**data)
-    except TypeError as e:
-        raise ValueError(f"{name_or_path}: {e}") from None
+    return _gpt_config(name_or_path, _read_mapping(name_or_path, MODELS))
 
 
 SHAPE_KEYS = ("layers", "width", "heads", "ffn", "vocab", "swiglu", "positions")
@@ -51,19 +59,11 @@ def load_shape(name_or_path: str):
         return LLAMA[name_or_path]
     if name_or_path in MODELS:
         return from_gpt(name_or_path, MODELS[name_or_path])
-    if not name_or_path.endswith((".yaml", ".yml")):
-        names = ", ".join([*MODELS, *LLAMA])
-        raise ValueError(f"--model {name_or_path!r}: use a preset ({names}) or a YAML path")
-    if not os.path.exists(name_or_path):
-        raise ValueError(f"--model {name_or_path!r} does not exist")
-    with open(name_or_path) as f:
-        data = yaml.safe_load(f) or {}
-    data = data.get("model", data) if isinstance(data, dict) else data
-    if not isinstance(data, dict):
-        raise ValueError(f"{name_or_path}: expected a mapping of model keys")
+    data = _read_mapping(name_or_path, [*MODELS, *LLAMA])
+    name = os.path.basename(name_or_path)
     if data and set(data) <= set(SHAPE_KEYS):
         missing = [k for k in SHAPE_KEYS[:5] if k not in data]
         if missing:
             raise ValueError(f"{name_or_path}: model key {missing[0]!r} is missing")
-        return ModelShape(name=os.path.basename(name_or_path), **data)
-    return from_gpt(os.path.basename(name_or_path), load_model(name_or_path))
+        return ModelShape(name=name, **data)
+    return from_gpt(name, _gpt_config(name_or_path, data))
