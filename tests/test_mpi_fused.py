@@ -165,3 +165,16 @@ def test_mpc_mixes_coded_and_raw_segments(collective, codec):
 
 def test_overflowing_sum_gathers_plain():
     _check("psum", "zfp:8", np.float32, 8, 1000, case="overflow")
+
+
+@pytest.mark.parametrize("collective", sorted(TARGETS))
+@pytest.mark.parametrize("codec", [None, "zfp:8", "mpc"])
+def test_messages_of_many_pieces(collective, codec, monkeypatch):
+    # Messages longer than the engine's MPI piece (just under 64 KiB) go as several pieces, the
+    # coded ones with empty pieces after their payload: 256 KiB segments of ~1.3 MB per rank.
+    monkeypatch.setattr(_mpi_fused, "SEGMENT_BYTES", 1 << 18)
+    monkeypatch.setattr(_mpi_fused, "PLAIN_SEGMENT_BYTES", 1 << 18)
+    _programs.cache_clear()
+    rows = 8 * (SIZE if collective == "psum_scatter" else 1)
+    case = "mixed" if codec == "mpc" else "plain"
+    _check(collective, codec, np.float32, rows, 40_000 + 3, case=case)

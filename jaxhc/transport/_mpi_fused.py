@@ -25,8 +25,8 @@ from jaxhc.codecs import Codec, Mpc, Zfp
 DTYPES = frozenset(jnp.dtype(d) for d in (jnp.float32, jnp.float64, jnp.bfloat16))
 _PLAIN, _ZFP, _MPC = 0, 1, 2
 SEGMENT_BYTES = 1 << 20  # raw bytes per pipelined segment of a compressed call
-# A plain call has only its sums to overlap; shorter messages kept both directions of a shaped TCP
-# link busier (P = 2, 64 MiB, 1 Gbit/s: median 640 ms, against 650-800 with 1 MiB segments).
+# A plain call has only its sums to overlap. Either kind of segment travels as MPI messages under
+# Open MPI's TCP eager limit (ffi/mpi/engine.cc, kPieceBytes: larger ones ran half duplex).
 PLAIN_SEGMENT_BYTES = 1 << 18
 
 
