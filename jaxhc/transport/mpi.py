@@ -132,7 +132,7 @@ class ProcessGrid:
 
 
 class MpiTransport(Transport):
-    """jaxhc's transport over MPI: use it (`jaxhc.transport.use`) while tracing a per-process jit.
+    """jaxhc's transport over MPI: trace a per-process jit under it (`jaxhc.context.use`).
 
     ``psum="exact"`` (default) reduces as a reduce-scatter (`alltoall`) whose owner adds the P
     pieces in rank order, then an `allgather`: the same bytes on the wire as a ring all-reduce, and
