@@ -56,7 +56,7 @@ class Ledger:
     def __enter__(self) -> Ledger:
         with _LOCK:
             _ACTIVE.append(self)
-        entered = context._replaced(ledgers=True)
+        entered = context._replaced(ledger=True)
         entered.__enter__()
         self._entered.append(entered)
         return self

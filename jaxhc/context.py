@@ -47,13 +47,13 @@ class Context:
 
     policy:    the `jaxhc.Policy` that chooses codecs, or None (plain `jax.lax` collectives).
     transport: the `jaxhc.transport.Transport` collectives move bytes with (None: XLA).
-    ledgers:   whether a `jaxhc.accounting.Ledger` is active.
+    ledger:    whether a `jaxhc.accounting.Ledger` is active.
     callbacks: False inside `jaxhc.accounting.disabled` (no traffic callbacks even in a Ledger).
     """
 
     policy: Policy | None = None
     transport: Transport | None = None
-    ledgers: bool = False
+    ledger: bool = False
     callbacks: bool = True
 
 
@@ -89,7 +89,7 @@ def transport() -> Transport:
 def recording() -> bool:
     """Whether collectives traced now record their traffic (a Ledger is active, not disabled)."""
     ctx = current()
-    return ctx.ledgers and ctx.callbacks
+    return ctx.ledger and ctx.callbacks
 
 
 _KEEP: Any = object()

@@ -116,3 +116,24 @@ def test_accounting_disabled_is_part_of_the_jit_key():
         assert ledger.per_axis() == {}
         jax.block_until_ready(step(x))
     assert ledger.per_axis(devices=4)["data"]["calls"] == 1.0
+
+
+def test_context_transport_is_part_of_the_jit_key():
+    """A function first traced on one transport is traced again on another (an MPI transport
+    must never run a program traced for XLA's collectives)."""
+    mesh, x = _mesh(), _values(3)
+    x = _put(x, mesh)
+    seen = []
+
+    def body(a):
+        seen.append(jaxhc.transport.current())
+        return jaxhc.psum(a, "data")
+
+    step = _jitted(body, mesh)
+    step(x)
+    other = jaxhc.transport.XlaTransport()
+    with jaxhc.transport.use(other) as entered:
+        assert entered is other
+        step(x)
+        step(x)
+    assert step._cache_size() == 2 and len(seen) == 2 and seen[1] is other
