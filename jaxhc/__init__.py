@@ -2,6 +2,7 @@
 
 from jaxhc import accounting as accounting
 from jaxhc import codecs as codecs
+from jaxhc import context as context
 from jaxhc import launch as launch
 from jaxhc import transport as transport
 from jaxhc.collectives import all_gather as all_gather
@@ -27,6 +28,7 @@ __all__ = [
     "axis_index",
     "axis_size",
     "codecs",
+    "context",
     "launch",
     "pmean",
     "ppermute",

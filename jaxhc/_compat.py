@@ -62,30 +62,6 @@ def like(outputs, x):
     return jax.tree.map(lambda y: make_varying(y, axes), outputs) if axes else outputs
 
 
-def jit_keyed_flag(name: str, help: str):
-    """A thread-local bool that jax includes in its jit cache key, as a context manager factory
-    (`with flag(True): ...`) with a `.value`. If jax stops offering such states
-    (`config.bool_state(..., include_in_jit_key=True, include_in_trace_context=True)`), an
-    always-True stand-in: then nothing is saved, and nothing is lost."""
-    try:
-        from jax._src import config
-
-        return config.bool_state(
-            name, False, help, include_in_jit_key=True, include_in_trace_context=True
-        )
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other jax versions
-        return _AlwaysOn()
-
-
-class _AlwaysOn:
-    value = True
-
-    def __call__(self, _value):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-
 def set_cpu_device_count(n: int, environ=None) -> bool:
     """Give jax's CPU backend `n` devices, unless the user already chose or jax already started.
 

@@ -5,10 +5,10 @@ collective would move for that rank ("raw") and the bytes its transport actually
 under its mesh axis and traffic kind. A call that fell back to raw transfer counts as a fallback
 (its wire bytes are then the raw bytes). Recording happens through `jax.debug.callback`, so it is
 exact under jit, scan, cond and remat. It costs nothing when no `Ledger` is active: whether one is
-is part of jax's jit cache key, so a function called outside every Ledger is compiled without the
-callbacks, and the first call inside one compiles it again with them (one host callback per
-collective per device). ``with jaxhc.accounting.disabled():`` around tracing turns them off even
-inside a Ledger.
+is part of `jaxhc.context`, and so of jax's jit cache key: a function called outside every Ledger
+is compiled without the callbacks, and the first call inside one compiles it again with them (one
+host callback per collective per device). ``with jaxhc.accounting.disabled():`` around tracing
+turns them off even inside a Ledger.
 
 >>> import jaxhc
 >>> ledger = jaxhc.accounting.Ledger()
@@ -28,13 +28,8 @@ from collections import defaultdict
 
 import jax
 
-from jaxhc._compat import jit_keyed_flag
+from jaxhc import context
 
-_STATE = threading.local()
-# Whether a Ledger is active, part of jit's cache key: programs traced outside carry no callbacks.
-_RECORDING = jit_keyed_flag(
-    "jaxhc_accounting_active", "jaxhc: a jaxhc.accounting.Ledger is active (internal)"
-)
 _LOCK = threading.Lock()
 _ACTIVE: list[Ledger] = []
 
@@ -56,18 +51,18 @@ class Ledger:
 
     def __init__(self):
         self._tallies: dict[tuple[str, str], Tally] = defaultdict(Tally)
-        self._recording: list = []
+        self._entered: list = []
 
     def __enter__(self) -> Ledger:
         with _LOCK:
             _ACTIVE.append(self)
-        ctx = _RECORDING(True)
-        ctx.__enter__()
-        self._recording.append(ctx)
+        entered = context._replaced(ledger=True)
+        entered.__enter__()
+        self._entered.append(entered)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._recording.pop().__exit__(*exc)
+        self._entered.pop().__exit__(*exc)
         with _LOCK:
             _ACTIVE.remove(self)
 
@@ -108,18 +103,14 @@ def _dispatch(axis: str, kind: str, raw: float, wire: float, fallback: bool) -> 
 
 def enabled() -> bool:
     """Whether collectives traced now record their traffic (a Ledger is active, not disabled)."""
-    return bool(_RECORDING.value) and getattr(_STATE, "enabled", True)
+    return context.recording()
 
 
 @contextlib.contextmanager
 def disabled():
     """Trace collectives without accounting callbacks (for speed on accelerators)."""
-    prev = enabled()
-    _STATE.enabled = False
-    try:
+    with context._replaced(callbacks=False):
         yield
-    finally:
-        _STATE.enabled = prev
 
 
 def record(axis_name, kind: str | None, raw: float, wire, fallback=False, anchor=None) -> None:

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxhc._sum import sum_in_rank_order
+
 FLOAT_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
 
 
@@ -58,14 +60,11 @@ class Codec(abc.ABC):
 
         Each row is decoded to `dtype`, the rows are added in rank order in float32 (float64
         stays float64) and the sum is rounded to `dtype`: the reduction of the compressed
-        collectives. Codecs with a fused kernel (ZFP) override it with the same result.
+        collectives (`jaxhc._sum.sum_in_rank_order` with ``wide16=True``). Codecs with a fused
+        kernel (ZFP) override it with the same result.
         """
         rows = jax.vmap(lambda p: self.decode(p, (n,), dtype))(payloads)
-        acc_dtype = jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
-        acc = rows[0].astype(acc_dtype)
-        for j in range(1, rows.shape[0]):  # unrolled: XLA:CPU compiles x.sum(0) far slower
-            acc = acc + rows[j].astype(acc_dtype)
-        return acc.astype(dtype)
+        return sum_in_rank_order(rows, wide16=True)
 
     def check_payloads(self, payloads: jax.Array, n, dtype) -> int:
         """Check the (P, payload_bytes(n)) payloads of `decode_sum`, P >= 1; returns int(n)."""

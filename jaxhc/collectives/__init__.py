@@ -1,4 +1,7 @@
-"""Compressed collectives with `jax.lax` signatures plus ``codec=`` / ``policy=`` and ``kind=``."""
+"""Compressed collectives with `jax.lax` signatures plus ``codec=`` / ``policy=`` and ``kind=``.
+
+Without ``codec=`` or ``policy=`` a collective takes the policy of `jaxhc.context`.
+"""
 
 from jaxhc.collectives.all_gather import all_gather as all_gather
 from jaxhc.collectives.all_to_all import all_to_all as all_to_all

@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxhc import accounting
+from jaxhc import accounting, context
 from jaxhc._compat import axis_tuple, check_vma_enabled, linear_call, make_varying
 from jaxhc.codecs import Codec, CodecLike, Identity, Mpc, parse
-from jaxhc.policy import Policy
 from jaxhc.transport import current as transport
 
 # Compressed chunks are padded to a multiple of ZFP's 1-D block so no chunk has a partial one (in
@@ -23,17 +22,20 @@ def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
     """The codec this call compresses with, or None for the plain collective.
 
     `codec` (a Codec, spec string, or None) and `policy` (a Policy, preset name or YAML path) are
-    alternatives. Non-float dtypes and, under a policy, messages smaller than its ``min_bytes`` go
+    alternatives; given neither, the call takes the policy of `jaxhc.context` (None there: plain).
+    Non-float dtypes and, under a policy, messages smaller than its ``min_bytes`` go
     uncompressed. A policy picks the codec for x's dtype, and a lossy one that would send no fewer
     bits than x itself is a one-line error naming its key.
     """
-    if policy is not None:
-        if codec is not None:
-            raise ValueError("pass either codec= or policy=, not both")
-        policy = Policy.load(policy)
-        chosen, min_bytes = policy.codec_for(axis_name, kind, x.dtype), policy.min_bytes
+    if codec is not None and policy is not None:
+        raise ValueError("pass either codec= or policy=, not both")
+    if codec is not None:
+        policy, chosen, min_bytes = None, parse(codec), 0
     else:
-        chosen, min_bytes = parse(codec), 0
+        policy = context.policy() if policy is None else context.as_policy(policy)
+        if policy is None:
+            return None
+        chosen, min_bytes = policy.codec_for(axis_name, kind, x.dtype), policy.min_bytes
     if chosen is None or not chosen.supports(x.dtype):
         return None
     if x.size * jnp.dtype(x.dtype).itemsize < min_bytes:

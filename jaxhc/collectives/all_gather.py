@@ -23,6 +23,7 @@ def all_gather(
     kind=None,
 ):
     """`jax.lax.all_gather` whose traffic is compressed by `codec` (or by `policy` for `kind`).
+    Given neither, the policy of `jaxhc.context` chooses (none there: the plain collective).
 
     Every rank decodes every gathered payload, its own included, so all ranks hold identical values.
     The gradient is a compressed `psum_scatter` (the identity slice when ``to="invarying"`` under

@@ -25,6 +25,7 @@ def all_to_all(
     kind=None,
 ):
     """`jax.lax.all_to_all` whose traffic is compressed by `codec` (or `policy` for `kind`).
+    Given neither, the policy of `jaxhc.context` chooses (none there: the plain collective).
 
     The gradient is the compressed all_to_all with split and concat axes swapped.
 

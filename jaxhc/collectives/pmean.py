@@ -21,6 +21,7 @@ def pmean(
     bucket_bytes: int | None = _buckets.DEFAULT_BUCKET_BYTES,
 ):
     """`jax.lax.pmean` whose traffic is compressed by `codec` (or by `policy` for `kind` traffic).
+    Given neither, the policy of `jaxhc.context` chooses (none there: the plain collective).
 
     The sum travels as `jaxhc.psum` does (reduce-scatter then all-gather, every rank using the
     decoded values); the division is local, as in `jax.lax.pmean`, so integers give floats and

@@ -14,6 +14,7 @@ from jaxhc.transport import current as transport
 
 def ppermute(x, axis_name, perm, *, codec: CodecLike = None, policy=None, kind=None):
     """`jax.lax.ppermute` whose traffic is compressed by `codec` (or `policy` for `kind`).
+    Given neither, the policy of `jaxhc.context` chooses (none there: the plain collective).
 
     Ranks that receive nothing get zeros, as with `jax.lax.ppermute`. The gradient is the compressed
     ppermute with the inverse permutation.

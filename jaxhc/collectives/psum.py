@@ -25,6 +25,7 @@ def psum(
     bucket_bytes: int | None = _buckets.DEFAULT_BUCKET_BYTES,
 ):
     """`jax.lax.psum` whose traffic is compressed by `codec` (or by `policy` for `kind` traffic).
+    Given neither, the policy of `jaxhc.context` chooses (none there: the plain collective).
 
     Each rank splits its array into P chunks, encodes them, and sends chunk j to rank j
     (all_to_all); rank j decodes the P pieces of its chunk, sums them in float32 in rank order,

@@ -27,6 +27,7 @@ def psum_scatter(
     residual=None,
 ):
     """`jax.lax.psum_scatter` whose traffic is compressed by `codec` (or `policy` for `kind`).
+    Given neither, the policy of `jaxhc.context` chooses (none there: the plain collective).
 
     Each rank encodes the P slices of `x` along `scatter_dimension`, sends slice j to rank j, and
     rank j decodes the P pieces (its own included) and sums them in float32 in rank order. The

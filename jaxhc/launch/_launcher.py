@@ -12,10 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from jaxhc import context
 from jaxhc.launch import _blocks
 from jaxhc.launch._env import ProcessEnv
 from jaxhc.launch._guard import check_agreement, describe, install_abort_hook
-from jaxhc.transport import XlaTransport, use
+from jaxhc.transport import XlaTransport
 
 TRANSPORTS = ("xla", "mpi", "auto")
 _GRIDS: dict = {}
@@ -207,7 +208,7 @@ class Launcher:
 
         @functools.wraps(fn)
         def traced(*args):
-            with use(transport):
+            with context.use(transport=transport):
                 return fn(*args)
 
         if self.grid is None:

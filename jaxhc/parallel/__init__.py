@@ -10,10 +10,15 @@ tensor-parallel layers use Megatron's operators from `jaxhc.model.tensor_paralle
 The API a training loop calls::
 
     mesh = make_mesh(mesh_cfg)                                   # axes ("data", "tensor", "pipe")
-    state = init_state(model_cfg, mesh_cfg, optim_cfg, mesh, seed)
+    policy = jaxhc.Policy.load("zhybrid")                        # once
+    state = init_state(model_cfg, mesh_cfg, optim_cfg, mesh, seed, policy=policy)
     step = make_train_step(model_cfg, mesh_cfg, optim_cfg, mesh, policy)
     state, metrics = step(state, tokens)                         # tokens int32 [B, block_size + 1]
     loss = make_eval_loss(model_cfg, mesh_cfg, mesh, policy)(state.params, tokens)
+
+The builders are the only places a policy is passed: they size the state with it (error-feedback
+residuals) and trace their per-shard programs inside ``jaxhc.context.use(policy=policy)``; the
+model, pipeline and ZeRO code below call jaxhc's collectives with a traffic ``kind`` only.
 
 `params_to_single` / `from_single` move parameters between the mesh and `jaxhc.model.gpt`;
 `per_shard_train_step` / `per_shard_eval_loss` / `train_state_specs` / `initial_state` are the

@@ -38,7 +38,7 @@ import jaxhc
 AXIS = "pipe"
 
 
-def gpipe(stage_fn: Callable[[jax.Array], jax.Array], x: jax.Array, policy) -> jax.Array:
+def gpipe(stage_fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     """Run `stage_fn` (this rank's layers) over the pipeline.
 
     x: (M, ...) micro-batch inputs, read on the first stage only.
@@ -53,9 +53,7 @@ def gpipe(stage_fn: Callable[[jax.Array], jax.Array], x: jax.Array, policy) -> j
         if stages > 1 and t > 0:
             # Stage s sends what it computed at tick t - 1 if that was micro-batch 0..M-1.
             senders = range(max(0, t - micro), min(t - 1, stages - 2) + 1)
-            received = jaxhc.ppermute(
-                out, AXIS, tuple((s, s + 1) for s in senders), policy=policy, kind="act"
-            )
+            received = jaxhc.ppermute(out, AXIS, tuple((s, s + 1) for s in senders), kind="act")
         h = jnp.where(stage == 0, x[min(t, micro - 1)], received)
         first, last = _working(t, micro, stages)
         if first == 0 and last == stages - 1:  # no bubble at this tick

@@ -12,13 +12,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxhc import context
 from jaxhc.launch import _blocks
 from jaxhc.model import gpt
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.parallel import zero
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout, param_specs
-from jaxhc.policy import Policy
 
 OPT_SPEC = P("pipe", "tensor", "data")  # AdamW moments: (pipe, tensor, padded flat params)
 
@@ -154,9 +154,9 @@ def error_feedback(policy, mesh_cfg: MeshConfig) -> bool:
     """Whether the train state carries residuals: the policy asks for error feedback on "data"
     grad traffic and "data" has ranks to send to. Error feedback elsewhere is refused (one line):
     the trainer's other grad reduction (shared embeddings over "pipe") keeps no residual."""
+    policy = context.as_policy(policy)
     if policy is None:
         return False
-    policy = Policy.load(policy)
     for axis in ("tensor", "pipe"):
         if policy.error_feedback(axis) and getattr(mesh_cfg, axis) > 1:
             raise ValueError(

@@ -3,7 +3,9 @@
 Each program is written per shard (`per_shard_train_step`, `per_shard_eval_loss`: what a rank
 runs on its blocks) and mapped over the mesh by one `jax.shard_map` (``check_vma=False``: the
 Megatron operators of `jaxhc.model.tensor_parallel` make every reduction explicit) in the `make_*`
-functions. Every cross-device byte goes through jaxhc's collectives under the policy:
+functions, under the policy its builder is given (loaded once; the per-shard function traces
+inside ``jaxhc.context.use(policy=...)``, so the model and ZeRO code below name no policy). Every
+cross-device byte goes through jaxhc's collectives under that policy:
 
 * "tensor": `jaxhc.psum` of block outputs and of their input gradients (``kind="act"``);
 * "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and `jaxhc.psum` of
@@ -30,6 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxhc
+from jaxhc import context
 from jaxhc._compat import axis_tuple
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
@@ -42,8 +45,16 @@ from jaxhc.policy import Policy
 METRIC_SPECS = {k: P() for k in ("loss", "grad_norm", "lr", "skipped", *fidelity.METRICS)}
 
 
-def _policy(policy) -> Policy | None:
-    return None if policy is None else Policy.load(policy)
+def _under(policy: Policy | None, fn):
+    """`fn` traced under `policy` in `jaxhc.context`, whatever the caller's context: the program
+    then matches the state its builder sized with the same policy (error-feedback residuals)."""
+
+    @functools.wraps(fn)
+    def traced(*args):
+        with context.use(policy=policy):
+            return fn(*args)
+
+    return traced
 
 
 def _local_opt(opt_state):
@@ -62,11 +73,11 @@ def _map(fn, mesh: Mesh, in_specs, out_specs):
 # Per-shard model: embedding on the first stage, blocks through the pipeline, head on the last.
 
 
-def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, policy, last_stage_fn):
+def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, last_stage_fn):
     """Run the pipelined model on this rank's `inputs` (B_local, T) and return
     ``last_stage_fn(hidden)`` on the last stage, zeros elsewhere; hidden is (M, B_local / M, T, C).
     """
-    tp = TensorParallel(mesh_cfg.tensor, policy)
+    tp = TensorParallel(mesh_cfg.tensor)
     stage, stages = jaxhc.axis_index("pipe"), jaxhc.axis_size("pipe")
     micro = inputs.reshape(mesh_cfg.microbatches, -1, inputs.shape[-1])
     x = lax.cond(
@@ -74,13 +85,13 @@ def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, policy, last_
         lambda: gpt.embed(params, micro, cfg),
         lambda: jnp.zeros((*micro.shape, cfg.n_embd), cfg.compute_dtype),
     )
-    hidden = gpipe(lambda h: gpt.run_blocks(params["blocks"], h, cfg, tp), x, policy)
+    hidden = gpipe(lambda h: gpt.run_blocks(params["blocks"], h, cfg, tp), x)
     out = jax.eval_shape(last_stage_fn, hidden)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out)
     return lax.cond(stage == stages - 1, last_stage_fn, lambda _: zeros, hidden)
 
 
-def _local_loss(params, tokens, cfg, mesh_cfg, policy, data="data"):
+def _local_loss(params, tokens, cfg, mesh_cfg, data="data"):
     """This rank's share of the global mean loss: the sum of its token losses over all tokens.
     `data`: the data axis (a name or the sub-axes of `jaxhc.parallel.amsp`)."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -90,38 +101,38 @@ def _local_loss(params, tokens, cfg, mesh_cfg, policy, data="data"):
         logits = gpt.head(params, hidden, cfg)
         return gpt.token_losses(logits, targets.reshape(hidden.shape[:-1])).sum() / total
 
-    return _forward(params, inputs, cfg, mesh_cfg, policy, loss_sum)
+    return _forward(params, inputs, cfg, mesh_cfg, loss_sum)
 
 
-def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, policy, data="data"):
+def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, data="data"):
     """Global loss (every rank) and this rank's gradients of its own copy of the parameters."""
-    objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, policy=policy, data=data)
+    objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, data=data)
     local, grads = jax.value_and_grad(objective)(params, tokens)
     return zero.psum_scalar(local, (*axis_tuple(data), "pipe")), grads
 
 
-def _sum_shared(grads, policy):
+def _sum_shared(grads):
     """Every stage holds wte, wpe and ln_f: their gradients summed over "pipe"."""
     if jaxhc.axis_size("pipe") == 1:
         return grads
     shared = {k: grads[k] for k in ("wte", "wpe", "ln_f")}
-    return {**grads, **jaxhc.psum(shared, "pipe", policy=policy, kind="grad")}
+    return {**grads, **jaxhc.psum(shared, "pipe", kind="grad")}
 
 
-def _loss_and_grads(params, tokens, cfg, mesh_cfg, policy):
+def _loss_and_grads(params, tokens, cfg, mesh_cfg):
     """Global loss (every rank) and this rank's gradients, not yet summed over "data"."""
-    loss, grads = _local_loss_and_grads(params, tokens, cfg, mesh_cfg, policy)
-    return loss, _sum_shared(grads, policy)
+    loss, grads = _local_loss_and_grads(params, tokens, cfg, mesh_cfg)
+    return loss, _sum_shared(grads)
 
 
-def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, policy, plan):
+def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
     """Sharded parameters (s_p > 1): (global loss, this rank's reduced gradient chunk, opt_state)
     from its parameter chunk. The parameters are gathered over the parameter group
     (`zero.gather_params`), whose reverse mode reduce-scatters the gradients over the same
     levels; `zero.reduce` does the levels outside. Error-feedback residuals of the parameter
     levels ride along as the gather's second input (their cotangent: the new residuals)."""
     shard, layout = plan.shard, plan.layout
-    gather = zero.gather_params(layout, policy, shard, lambda g: _sum_shared(g, policy))
+    gather = zero.gather_params(layout, shard, _sum_shared)
     scattered = len(shard.param_axes)
     residual = opt_state.get("residual")
     mine = () if residual is None else tuple(zero.split_residual(residual, layout.padded, shard))
@@ -129,11 +140,11 @@ def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, policy, pla
 
     def objective(chunk, residuals):
         params = gather(chunk, residuals)
-        return _local_loss(params, tokens, cfg, mesh_cfg, policy, shard.data_axis)
+        return _local_loss(params, tokens, cfg, mesh_cfg, shard.data_axis)
 
     local, (g, done) = jax.value_and_grad(objective, argnums=(0, 1))(chunk, mine)
     loss = zero.psum_scalar(local, (*shard.axes, "pipe"))
-    g, opt_state = zero.reduce(g, opt_state, layout, policy, shard, scattered, done)
+    g, opt_state = zero.reduce(g, opt_state, layout, shard, scattered, done)
     return loss, g, opt_state
 
 
@@ -155,12 +166,13 @@ def per_shard_train_step(
     not validated here (`validate(..., batch_size=)` it first). `fidelity_every`: see
     `make_train_step`.
     """
-    policy = _policy(policy)
+    policy = context.as_policy(policy)
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
     shard, layout = plan.shard, plan.layout
 
     def exact_chunk(local_grads):
-        exact = zero.reduce_gradients(_sum_shared(local_grads, None), layout, None, shard=shard)
+        with context.use(policy=None):
+            exact = zero.reduce_gradients(_sum_shared(local_grads), layout, shard=shard)
         return zero.finest(exact, layout, shard)[0]
 
     if shard.sharded_params and fidelity_every > 0:
@@ -176,21 +188,20 @@ def per_shard_train_step(
         if shard.sharded_params:
             params = params.reshape(-1)  # this rank's flat parameter chunk
             loss, g, opt_state = _sharded_loss_and_grads(
-                params, before, tokens, model_cfg, mesh_cfg, policy, plan
+                params, before, tokens, model_cfg, mesh_cfg, plan
             )
             local = None
         else:
             loss, local = _local_loss_and_grads(
-                params, tokens, model_cfg, mesh_cfg, policy, shard.data_axis
+                params, tokens, model_cfg, mesh_cfg, shard.data_axis
             )
-            grads = _sum_shared(local, policy)
-            g, opt_state = zero.reduce(grads, before, layout, policy, shard)
+            g, opt_state = zero.reduce(_sum_shared(local), before, layout, shard)
         chunk, start = zero.finest(g, layout, shard)
         observed = fidelity.sample(
             state.step, fidelity_every, chunk, start, local, exact_chunk, layout, shard
         )
         params, opt_state, grad_norm, lr = zero.update(
-            params, opt_state, g, state.step, layout, optim_cfg, policy, shard, before
+            params, opt_state, g, state.step, layout, optim_cfg, shard, before
         )
         if shard.sharded_params:
             params = params.reshape(1, 1, -1)
@@ -198,25 +209,24 @@ def per_shard_train_step(
         skipped = jnp.logical_not(jnp.isfinite(grad_norm))  # zero.update left the state as it was
         return new, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": skipped, **observed}
 
-    return step
+    return _under(policy, step)
 
 
 def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy, data="data"):
     """``eval_loss(params, tokens) -> loss`` as one rank runs it (see `per_shard_train_step`);
     `data`: the data axis (the sub-axes of `jaxhc.parallel.amsp` on its view of the mesh)."""
-    policy = _policy(policy)
     plan = Plan(model_cfg, mesh_cfg)
 
     def eval_loss(params, tokens):
         if plan.sharded_params:  # this rank's chunk, gathered over the parameter group
             flat = params[0, 0]
             for axis in plan.shard.param_axes:
-                flat = jaxhc.all_gather(flat, axis, tiled=True, policy=policy, kind="param")
+                flat = jaxhc.all_gather(flat, axis, tiled=True, kind="param")
             params = plan.layout.unflatten(flat)
-        local = _local_loss(params, tokens, model_cfg, mesh_cfg, policy, data)
+        local = _local_loss(params, tokens, model_cfg, mesh_cfg, data)
         return zero.psum_scalar(local, (*axis_tuple(data), "pipe"))
 
-    return eval_loss
+    return _under(context.as_policy(policy), eval_loss)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,7 +259,8 @@ def make_train_step(
     metrics): dozens of queued executions with collectives trip XLA's rendezvous timeout.
     """
     check_mesh(mesh, mesh_cfg)
-    plan = Plan(model_cfg, mesh_cfg, optim_cfg, _policy(policy))
+    policy = context.as_policy(policy)
+    plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
     per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy, fidelity_every)
     specs = plan.state_specs
     # With a nested data axis the program runs on a view of the mesh whose data axis is the
@@ -307,16 +318,16 @@ def make_loss_and_grads(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, 
     """
     check_mesh(mesh, mesh_cfg)
     plan = Plan(model_cfg, mesh_cfg)
-    policy = _policy(policy)
 
     def per_shard(params, tokens):
-        loss, grads = _loss_and_grads(params, tokens, model_cfg, mesh_cfg, policy)
-        chunk = zero.reduce_gradients(grads, plan.layout, policy)
+        loss, grads = _loss_and_grads(params, tokens, model_cfg, mesh_cfg)
+        chunk = zero.reduce_gradients(grads, plan.layout)
         if mesh_cfg.data > 1:
-            chunk = jaxhc.all_gather(chunk, "data", tiled=True, policy=policy, kind="grad")
+            chunk = jaxhc.all_gather(chunk, "data", tiled=True, kind="grad")
         return loss, plan.layout.unflatten(chunk)
 
     specs = (P(), plan.param_specs)
+    per_shard = _under(context.as_policy(policy), per_shard)
     sharded = _map(per_shard, mesh, (plan.param_specs, P("data")), specs)
 
     @functools.partial(
@@ -339,14 +350,14 @@ def make_logits(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, policy):
     """
     check_mesh(mesh, mesh_cfg)
     plan = Plan(model_cfg, mesh_cfg)
-    policy = _policy(policy)
 
     def per_shard(params, inputs):
         def last_stage(hidden):
             return gpt.head(params, hidden, model_cfg).reshape(*inputs.shape, -1)
 
-        return _forward(params, inputs, model_cfg, mesh_cfg, policy, last_stage)[None]
+        return _forward(params, inputs, model_cfg, mesh_cfg, last_stage)[None]
 
+    per_shard = _under(context.as_policy(policy), per_shard)
     sharded = _map(per_shard, mesh, (plan.param_specs, P("data")), P("pipe", "data"))
 
     @functools.partial(

@@ -19,6 +19,8 @@ gradients and optimizer state split over the whole data axis):
    values, so the replicas stay identical, while the next update starts from the master copy, so
    a lossy param codec does not compound.
 
+The collectives are compressed by the policy of `jaxhc.context` (the train step traces under it).
+
 `reference_optimizer` is the same update on one device, on the whole parameter tree (the oracle).
 """
 
@@ -30,6 +32,7 @@ import optax
 from jax import lax
 
 import jaxhc
+from jaxhc import context
 from jaxhc.model.config import OptimConfig
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout, decay_mask
@@ -105,22 +108,20 @@ def split_residual(residual, padded: int, shard: ShardPlan) -> list:
     return out
 
 
-def scatter_levels(flat, steps, policy, residuals=None):
+def scatter_levels(flat, steps, residuals=None):
     """Reduce-scatter `flat` over each (axis, size) of `steps` in turn (``kind="grad"``); with
     `residuals` (one per step, error feedback), (flat, new residuals)."""
     new = []
     for i, (axis, _) in enumerate(steps):
         if residuals is None:
-            flat = jaxhc.psum_scatter(flat, axis, tiled=True, policy=policy, kind="grad")
+            flat = jaxhc.psum_scatter(flat, axis, tiled=True, kind="grad")
         else:
-            flat, r = jaxhc.psum_scatter(
-                flat, axis, tiled=True, policy=policy, kind="grad", residual=residuals[i]
-            )
+            flat, r = jaxhc.psum_scatter(flat, axis, tiled=True, kind="grad", residual=residuals[i])
             new.append(r)
     return flat if residuals is None else (flat, new)
 
 
-def reduce_gradients(grads, layout: FlatLayout, policy, residual=None, shard=None, scattered=0):
+def reduce_gradients(grads, layout: FlatLayout, residual=None, shard=None, scattered=0):
     """This rank's chunk of the flattened gradients, summed over the data axis: its share of the
     plan's gradient group (`shard`; None: the whole "data" axis, ZeRO). Reduce-scattered level by
     level, innermost first, then all-gathered back over the levels outside the gradient group,
@@ -135,15 +136,15 @@ def reduce_gradients(grads, layout: FlatLayout, policy, residual=None, shard=Non
     flat = grads if scattered else layout.flatten(grads)
     keep = ("data",) if shard is None else shard.grad_axes
     steps = levels(shard)
-    out = scatter_levels(flat, steps[scattered:], policy, residual)
+    out = scatter_levels(flat, steps[scattered:], residual)
     flat = out if residual is None else out[0]
     for axis, _ in reversed(steps):  # outermost first
         if axis not in keep:
-            flat = jaxhc.all_gather(flat, axis, tiled=True, policy=policy, kind="grad")
+            flat = jaxhc.all_gather(flat, axis, tiled=True, kind="grad")
     return flat if residual is None else (flat, out[1])
 
 
-def gather_params(layout: FlatLayout, policy, shard: ShardPlan, shared_grads):
+def gather_params(layout: FlatLayout, shard: ShardPlan, shared_grads):
     """Sharded parameters (s_p > 1): ``gather(chunk, residuals) -> parameter tree``, the
     device's 1/s_p chunk all-gathered over the parameter group, outermost sub-axis first
     (``kind="param"``), and unflattened. Its reverse mode is the gradients' reduce-scatter over
@@ -163,7 +164,7 @@ def gather_params(layout: FlatLayout, policy, shard: ShardPlan, shared_grads):
     @jax.custom_vjp
     def gather(chunk, residuals):
         for axis in shard.param_axes:
-            chunk = jaxhc.all_gather(chunk, axis, tiled=True, policy=policy, kind="param")
+            chunk = jaxhc.all_gather(chunk, axis, tiled=True, kind="param")
         return layout.unflatten(chunk)
 
     def fwd(chunk, residuals):
@@ -172,8 +173,8 @@ def gather_params(layout: FlatLayout, policy, shard: ShardPlan, shared_grads):
     def bwd(residuals, ct):
         flat = layout.flatten(shared_grads(ct))
         if not residuals:
-            return scatter_levels(flat, param_steps, policy), residuals
-        g, new = scatter_levels(flat, param_steps, policy, list(residuals))
+            return scatter_levels(flat, param_steps), residuals
+        g, new = scatter_levels(flat, param_steps, list(residuals))
         return g, tuple(new)
 
     gather.defvjp(fwd, bwd)
@@ -211,14 +212,15 @@ def psum_scalar(x: jax.Array, axes) -> jax.Array:
     axes = tuple(a for a in axes if jaxhc.axis_size(a) > 1)
     if not axes:
         return x
-    parts = jaxhc.all_gather(x, axes, to="invarying")
+    with context.use(policy=None):  # plain, whatever the step's policy
+        parts = jaxhc.all_gather(x, axes, to="invarying")
     total = parts[0]
     for i in range(1, parts.shape[0]):
         total = total + parts[i]
     return total
 
 
-def reduce(grads, opt_state, layout: FlatLayout, policy, shard: ShardPlan, scattered=0, done=()):
+def reduce(grads, opt_state, layout: FlatLayout, shard: ShardPlan, scattered=0, done=()):
     """(this rank's chunk of the gradients summed over the data axis, opt_state). Per shard.
 
     An ``opt_state["residual"]`` (error feedback: the residuals of every level, innermost first,
@@ -227,16 +229,14 @@ def reduce(grads, opt_state, layout: FlatLayout, policy, shard: ShardPlan, scatt
     """
     residual = opt_state.get("residual")
     if residual is None:
-        g = reduce_gradients(grads, layout, policy, shard=shard, scattered=scattered)
+        g = reduce_gradients(grads, layout, shard=shard, scattered=scattered)
         return g, opt_state
     parts = split_residual(residual, layout.padded, shard)[scattered:]
-    g, new = reduce_gradients(grads, layout, policy, parts, shard, scattered)
+    g, new = reduce_gradients(grads, layout, parts, shard, scattered)
     return g, {**opt_state, "residual": jnp.concatenate([*done, *new])}
 
 
-def update(
-    params, opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, policy, shard, before=None
-):
+def update(params, opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, shard, before=None):
     """One AdamW step on the reduced chunk `g` of `reduce`: (new params, new opt_state,
     grad_norm, lr). Per shard: the rank updates its optimizer-state chunk (a slice of `g`), and
     the chunks are all-gathered over the optimizer-state group, outermost sub-axis first; with
@@ -271,5 +271,5 @@ def update(
     p = opt_state["master"]
     for axis in shard.optim_axes:  # up to the parameter chunk (its axes are the inner ones)
         if axis not in shard.param_axes and jaxhc.axis_size(axis) > 1:
-            p = jaxhc.all_gather(p, axis, tiled=True, policy=policy, kind="param")
+            p = jaxhc.all_gather(p, axis, tiled=True, kind="param")
     return (p if shard.sharded_params else layout.unflatten(p)), opt_state, norm, lr

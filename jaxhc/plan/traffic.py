@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from jaxhc.collectives import _common as c
 from jaxhc.model.config import MeshConfig
 from jaxhc.parallel.amsp import ShardPlan
-from jaxhc.policy import Policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +49,7 @@ class Collective:
         if policy is None:
             return self.bytes
         x = jax.ShapeDtypeStruct((self.message,), jnp.float32)
-        codec = c.resolve(x, self.axis, None, Policy.load(policy), self.kind)
+        codec = c.resolve(x, self.axis, None, policy, self.kind)
         if codec is None:
             return self.bytes
         agree = c.agreement_bytes(codec, self.ranks)

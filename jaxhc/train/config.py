@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -75,7 +76,12 @@ class ExperimentConfig:
     def __post_init__(self):
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport={self.transport!r} must be one of {', '.join(TRANSPORTS)}")
-        Policy.load(self.compression)  # fails early with a one-line error naming the policy
+        _ = self.policy  # loaded here, once: a bad policy fails early, in one line
+
+    @functools.cached_property
+    def policy(self) -> Policy:
+        """The ``compression`` policy, loaded once: what the trainer runs the program under."""
+        return Policy.load(self.compression)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -23,7 +23,6 @@ from jaxhc.model import validate
 from jaxhc.parallel import TrainState, init_state, make_eval_loss, make_mesh, make_train_step
 from jaxhc.parallel.fidelity import METRICS as FIDELITY
 from jaxhc.parallel.state import Plan, shardings
-from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Checkpoints, Group, all_finite
 from jaxhc.train.config import ExperimentConfig
 from jaxhc.train.progress import Progress
@@ -143,7 +142,7 @@ class XlaRunner(Runner):
             self.writer = jax.process_index() == 0
             self.group = ProcessGroup()
         self.mesh = make_mesh(cfg.mesh, devices)
-        self.policy = policy = Policy.load(cfg.compression)
+        policy = cfg.policy
         self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
         self._step = make_train_step(
             cfg.model, cfg.mesh, cfg.optim, self.mesh, policy, cfg.train.fidelity_every
@@ -153,7 +152,7 @@ class XlaRunner(Runner):
     def init_state(self):
         cfg = self.cfg
         return init_state(
-            cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, policy=self.policy
+            cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, policy=cfg.policy
         )
 
     def raise_if_any(self, error):
@@ -231,7 +230,6 @@ def run_loop(
     if writer:
         os.makedirs(out_dir, exist_ok=True)
 
-    policy = Policy.load(cfg.compression)
     batches = Batches(corpus_bytes(), cfg.train.batch_size, cfg.model.block_size, cfg.train.seed)
     state = runner.init_state()
     keep = cfg.train.keep_checkpoints
@@ -243,7 +241,7 @@ def run_loop(
         if writer:
             _truncate_metrics(metrics_path, start)
     if writer:
-        _write_config(out_dir, cfg, policy, runner.devices)
+        _write_config(out_dir, cfg, runner.devices)
 
     shapes = Plan(cfg.model, cfg.mesh).param_shapes  # global shapes, whatever a process holds
     n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(shapes))
@@ -326,10 +324,10 @@ def _truncate_metrics(path: str, start: int) -> None:
     os.replace(tmp, path)
 
 
-def _write_config(out_dir: str, cfg: ExperimentConfig, policy: Policy, devices) -> None:
+def _write_config(out_dir: str, cfg: ExperimentConfig, devices) -> None:
     resolved = {
         **cfg.to_dict(),
-        "policy": policy.to_dict(),
+        "policy": cfg.policy.to_dict(),
         "jaxhc": jaxhc.__version__,
         "jax": jax.__version__,
         "devices": [str(d) for d in devices],

@@ -36,7 +36,6 @@ from jaxhc.parallel import (
 )
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.state import Plan
-from jaxhc.policy import Policy
 from jaxhc.train.checkpoint import Group, all_finite
 from jaxhc.train.config import ExperimentConfig
 from jaxhc.train.loop import Runner, check_config, run_loop
@@ -125,7 +124,7 @@ class MpiRunner(Runner):
         where = f"{jax.devices()[0]} on {socket.gethostname()}"
         self.devices = [f"rank {r}: {d}" for r, d in enumerate(self.comm.allgather(where))]
 
-        self.policy = policy = Policy.load(cfg.compression)
+        policy = cfg.policy
         self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
         self.specs = shard.on_view(self.plan.state_specs)
         self.rows = P(shard.data_axis)
@@ -154,9 +153,8 @@ class MpiRunner(Runner):
         """The fresh global state as host arrays on rank 0; its structure elsewhere."""
         cfg = self.cfg
         if self.writer:
-            return initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed, policy=self.policy)
-        plan = Plan(cfg.model, cfg.mesh, cfg.optim, self.policy)
-        return TrainState(0, plan.param_shapes, plan.opt_local)
+            return initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed, policy=cfg.policy)
+        return TrainState(0, self.plan.param_shapes, self.plan.opt_local)
 
     def init_state(self):
         # Rank 0 alone initializes (one compilation instead of one per rank) and sends the blocks.

@@ -1,35 +1,26 @@
-"""The transport that jaxhc collectives trace with (per thread; XLA unless `use` says otherwise)."""
+"""The transport that jaxhc collectives trace with: the transport of `jaxhc.context`."""
 
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import jax
 
+from jaxhc import context
 from jaxhc.transport._base import Transport
-from jaxhc.transport.xla import XlaTransport
-
-_STATE = threading.local()
 
 
 def current() -> Transport:
     """The transport collectives trace with (XLA unless `use` says otherwise)."""
-    t = getattr(_STATE, "transport", None)
-    if t is None:
-        t = _STATE.transport = XlaTransport()
-    return t
+    return context.transport()
 
 
 @contextlib.contextmanager
 def use(transport: Transport):
-    """Trace jaxhc collectives with `transport` inside this block."""
-    prev = getattr(_STATE, "transport", None)
-    _STATE.transport = transport
-    try:
+    """Trace jaxhc collectives with `transport` inside this block (yields it): the same as
+    ``jaxhc.context.use(transport=transport)``."""
+    with context.use(transport=transport):
         yield transport
-    finally:
-        _STATE.transport = prev
 
 
 def axis_size(axis_name) -> int:

@@ -27,6 +27,7 @@ from jax import lax
 
 from jaxhc._checks import split_dim
 from jaxhc._compat import axis_tuple
+from jaxhc._sum import accumulator, sum_in_rank_order
 from jaxhc.transport import _mpi_fused
 from jaxhc.transport._base import Transport
 
@@ -131,7 +132,7 @@ class ProcessGrid:
 
 
 class MpiTransport(Transport):
-    """jaxhc's transport over MPI: use it (`jaxhc.transport.use`) while tracing a per-process jit.
+    """jaxhc's transport over MPI: trace a per-process jit under it (`jaxhc.context.use`).
 
     ``psum="exact"`` (default) reduces as a reduce-scatter (`alltoall`) whose owner adds the P
     pieces in rank order, then an `allgather`: the same bytes on the wire as a ring all-reduce, and
@@ -298,22 +299,9 @@ def _sendrecv(x, comm, me, perm):
     return back(got) if src is not None else jnp.zeros_like(x)
 
 
-def _acc_dtype(dtype):
-    # XLA:CPU runs a bfloat16 all-reduce in float32 and rounds once; other types add in their own.
-    return jnp.float32 if jnp.dtype(dtype) == jnp.bfloat16 else dtype
-
-
-def _sum_in_rank_order(pieces, dtype):
-    acc_dtype = _acc_dtype(dtype)
-    acc = pieces[0].astype(acc_dtype)
-    for j in range(1, pieces.shape[0]):
-        acc = acc + pieces[j].astype(acc_dtype)
-    return acc.astype(dtype)
-
-
 def _reduce_scatter_rows(rows, comm):
     """rows (P, m): rank j gets the rank-ordered sum of every rank's rows[j]."""
-    return _sum_in_rank_order(_alltoall(rows, comm), rows.dtype)
+    return sum_in_rank_order(_alltoall(rows, comm), wide16=False)
 
 
 # --- raw collectives with jax.lax semantics and shard_map(check_vma=False) gradients ------------
@@ -331,7 +319,7 @@ def _psum(x, t: MpiTransport, axis_name):
     if t.psum_mode == "allreduce" and jnp.dtype(x.dtype) != jnp.bool_:
         import mpi4jax
 
-        acc_dtype = _acc_dtype(x.dtype)
+        acc_dtype = accumulator(x.dtype, wide16=False)
         y = mpi4jax.allreduce(x.astype(acc_dtype), op=_mpi().SUM, comm=comm)
         return y.astype(x.dtype)
     n = x.size

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxhc._compat import axis_size, axis_tuple, check_vma_enabled
+from jaxhc._sum import sum_in_rank_order
 from jaxhc.transport._base import Transport
 
 _ALL_GATHER_HAS_TO = "to" in inspect.signature(lax.all_gather).parameters
@@ -68,16 +69,12 @@ def _psum_scatter_across_processes(x, axis_name, dim: int, tiled: bool):
     out wrong now and then, without an error (jax-ml/jax#40830; seen here as ZeRO-1 training with
     policy none diverging in one run of two, from a gradient norm of 13.2 to 14.8). The all_to_all
     moves the same bytes; the sum adds the P pieces in rank order, as XLA:CPU's in-process
-    reduce-scatter does (16-bit floats in float32, rounded once), so results stay bitwise those
-    of one process.
+    reduce-scatter does (bfloat16 in float32, rounded once; float16 in float16), so results stay
+    bitwise those of one process.
     """
     p = axis_size(axis_name)
     dim = dim % x.ndim
     pieces = x.reshape(x.shape[:dim] + (p, x.shape[dim] // p) + x.shape[dim + 1 :])
     got = lax.all_to_all(jnp.moveaxis(pieces, dim, 0), axis_name, 0, 0)  # got[j]: from rank j
-    wide = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
-    total = got[0].astype(wide)
-    for j in range(1, p):
-        total = total + got[j].astype(wide)
-    total = total.astype(x.dtype)
+    total = sum_in_rank_order(got, wide16=False)
     return total if tiled else jnp.squeeze(total, dim)
