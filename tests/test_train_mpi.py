@@ -341,16 +341,29 @@ axes:
 """
 
 
-def test_a_nested_sharding_plan_under_mpi_matches_xla(tmp_path):
-    """4 x 2 x 1 with the optimizer state split over groups of 2 data ranks and the gradients
-    all-reduced (mesh.shard: grads 1, optim 2: the data axis as sub-axes data.0 x data.1, each a
-    communicator of its own under MPI), zfp on them: records and checkpoints are XLA's, bit for
-    bit, but for the sampled fidelity of step 2 (a measurement outside training, within 1e-6: the
-    two modules sum its squares in differently fused orders there)."""
+@pytest.mark.parametrize(
+    "shard",
+    [
+        pytest.param((1, 1, 2), id="optim2"),
+        pytest.param((2, 2, 4), id="params2-optim4"),
+    ],
+)
+def test_a_nested_sharding_plan_under_mpi_matches_xla(shard, tmp_path):
+    """4 x 2 x 1 with the data axis as sub-axes data.0 x data.1 (each a communicator of its own
+    under MPI), zfp on them: the optimizer state split over groups of 2 data ranks and the
+    gradients all-reduced (shard 1, 1, 2), or the parameters sharded too (ZeRO-3 within groups of
+    2, optimizer over all 4: shard 2, 2, 4; rank 0 alone builds and scatters the state). Records
+    and checkpoints are XLA's, bit for bit, but for the sampled fidelity of step 2 (a measurement
+    outside training, within 1e-6: the two modules sum its squares in differently fused orders
+    there)."""
     policy = tmp_path / "data-zfp.yaml"
     policy.write_text(NESTED_POLICY)
     overrides = _overrides(str(policy), 3) + _mesh(4, 2, 1)
-    overrides += ["mesh.shard.grads=1", "mesh.shard.optim=2"]
+    params, grads, optim = shard
+    overrides += [f"mesh.shard.params={params}", f"mesh.shard.grads={grads}"]
+    overrides += [f"mesh.shard.optim={optim}"]
+    if params > 1:  # sharded parameters hold no local gradients to sample fidelity from
+        overrides += ["train.fidelity_every=0"]
     run = tmp_path / "mpi"
     proc, took = mpirun_train(8, run, overrides)
     assert proc.returncode == 0, proc.stdout + proc.stderr
