@@ -162,6 +162,15 @@ def cmd_sweep(args) -> int:
     policies = sweep.get("policies") or []
     if not policies:
         raise ValueError(f"{args.sweep}: 'policies' must list at least one policy")
+    if args.policies:
+        chosen = [p.strip() for p in args.policies.split(",") if p.strip()]
+        missing = [p for p in chosen if p not in policies]
+        if missing or not chosen:
+            raise ValueError(
+                f"--policies {args.policies!r}: {missing[0] if missing else 'none given'} is not "
+                f"among {args.sweep}'s policies ({', '.join(map(str, policies))})"
+            )
+        policies = chosen
     out = args.out or sweep.get("out", "runs/sweep")
     _check_log_every(args)
     progress = Progress(enabled=not args.no_progress, log_every=args.log_every)
@@ -502,6 +511,7 @@ def main(argv=None) -> int:
     sp = sub.add_parser("sweep", help="train several policies on the same seed and data")
     sp.add_argument("sweep", help="sweep YAML (base config, policies, out)")
     sp.add_argument("--out", help="override the sweep's output directory")
+    sp.add_argument("--policies", help="run only these of the sweep's policies (comma-separated)")
     sp.add_argument("--no-progress", action="store_true")
     sp.add_argument("--log-every", type=int, help=LOG_EVERY_HELP)
     sp.add_argument("--no-memory-reuse", action="store_true", help=NO_MEMORY_REUSE_HELP)

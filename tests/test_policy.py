@@ -113,9 +113,8 @@ def test_error_feedback_is_for_lossy_grad_traffic():
     assert not p.error_feedback(("data", "other"))  # the plain axis wins: nothing is lost
     assert Policy.from_dict(p.to_dict()) == p
     assert Policy.preset("mzhybrid_ef").error_feedback("data")
-    assert Policy.preset("mzhybrid_ef").codec_for("data") == Policy.preset("mzhybrid").codec_for(
-        "data"
-    )
+    assert Policy.preset("mzhybrid_ef").codec_for("data") == Zfp(rate=8, dims=3)
+    assert Policy.preset("zhybrid_ef").codec_for("tensor", "act", "bfloat16") == Zfp(12, dims=3)
     assert not Policy.preset("mzhybrid").error_feedback("data")
 
 

@@ -233,3 +233,26 @@ def test_default_yaml_spells_out_the_built_in_defaults():
     from jaxhc.train.config import load
 
     assert load(os.path.join(CONFIGS, "experiments", "default.yaml")) == load(None)
+
+
+def test_sweep_runs_the_chosen_policies_and_reports(tmp_path, capsys):
+    """`jaxhc sweep` trains its policies into one folder each and writes their report;
+    `--policies` runs a subset, and a policy the sweep does not list is a one-line error."""
+    sweep = tmp_path / "sweep.yaml"
+    base = os.path.abspath(os.path.join(CONFIGS, "experiments", "default.yaml"))
+    sweep.write_text(yaml.safe_dump({"base": base, "policies": ["none", "mpc"], "overrides": TINY}))
+    out = tmp_path / "runs"
+    args = ["sweep", str(sweep), "--out", str(out), "--no-progress", "train.steps=2"]
+    assert cli.main([*args, "--policies", "mpc"]) == 0
+    assert sorted(os.listdir(out)) == ["mpc", "report"]
+    assert os.path.exists(out / "report" / "report.md") and _val_losses(out / "mpc")
+    capsys.readouterr()
+    assert cli.main([*args, "--policies", "mpc,zhybrid"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jaxhc sweep: error: --policies 'mpc,zhybrid': zhybrid is not among")
+    assert len(err.splitlines()) == 1
+
+
+def _val_losses(run) -> list[float]:
+    with open(run / "metrics.jsonl") as f:
+        return [r["val_loss"] for r in map(json.loads, f) if "val_loss" in r]
