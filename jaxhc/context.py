@@ -35,8 +35,8 @@ import jax
 
 from jaxhc.policy import Policy
 
-if TYPE_CHECKING:  # the transport package imports this module
-    from jaxhc.transport import Transport
+if TYPE_CHECKING:  # the transport package imports this module; its base does not
+    from jaxhc.transport._base import Transport
 
 __all__ = ["Context", "as_policy", "current", "policy", "recording", "transport", "use"]
 
