@@ -96,8 +96,9 @@ class Exchange {
   // A message of at most `capacity` bytes from `src` into buf.
   int recv(void* buf, uint64_t capacity, int src, int tag) {
     uint8_t* p = static_cast<uint8_t*>(buf);
-    const int id = begin_message(pieces(capacity));
-    for (uint64_t k = 0, off = 0; k < pieces(capacity); ++k, off += kPieceBytes) {
+    const uint64_t n = pieces(capacity);
+    const int id = begin_message(n);
+    for (uint64_t k = 0, off = 0; k < n; ++k, off += kPieceBytes) {
       uint64_t len = std::min(kPieceBytes, capacity - std::min(capacity, off));
       MPI_Irecv(p + off, static_cast<int>(len), MPI_BYTE, src, tag, comm_, add_request(id));
     }
@@ -108,8 +109,9 @@ class Exchange {
   // as that receive expects, the ones past `bytes` empty.
   int send(const void* buf, uint64_t bytes, uint64_t capacity, int dst, int tag) {
     const uint8_t* p = static_cast<const uint8_t*>(buf);
-    const int id = begin_message(pieces(capacity));
-    for (uint64_t k = 0, off = 0; k < pieces(capacity); ++k, off += kPieceBytes) {
+    const uint64_t n = pieces(capacity);
+    const int id = begin_message(n);
+    for (uint64_t k = 0, off = 0; k < n; ++k, off += kPieceBytes) {
       uint64_t len = std::min(kPieceBytes, bytes - std::min(bytes, off));
       MPI_Isend(p + std::min(off, bytes), static_cast<int>(len), MPI_BYTE, dst, tag, comm_,
                 add_request(id));

@@ -62,6 +62,12 @@ class Plan:
         self.param_chunk = self.layout.padded // self.shard.params
         self.sharded_params = self.shard.sharded_params
         self.state_param_specs = OPT_SPEC if self.sharded_params else self.param_specs
+        # Their global shapes: the tree, or one (pipe, tensor, data x chunk) float32 array.
+        self.state_param_shapes = self.param_shapes
+        if self.sharded_params:
+            m = mesh_cfg
+            shape = (m.pipe, m.tensor, m.data * self.param_chunk)
+            self.state_param_shapes = jax.ShapeDtypeStruct(shape, jnp.float32)
         if optim_cfg is not None:
             size = self.layout.padded // self.shard.optim
             chunk = jax.ShapeDtypeStruct((size,), jnp.float32)
@@ -83,7 +89,7 @@ class Plan:
         m, layout = self.mesh_cfg, self.layout
         leaves = layout.treedef.flatten_up_to(params)
         specs = layout.treedef.flatten_up_to(self.param_specs)
-        out = np.zeros((m.pipe, m.tensor, m.data * self.param_chunk), np.float32)
+        out = np.zeros(self.state_param_shapes.shape, np.float32)
         for (p, t), coords in _pipe_tensor(m):
             flat = np.zeros(layout.padded, np.float32)
             at = 0

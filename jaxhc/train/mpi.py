@@ -154,14 +154,7 @@ class MpiRunner(Runner):
         cfg = self.cfg
         if self.writer:
             return initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed, policy=cfg.policy)
-        # Only the structure matters here: with sharded parameters (s_p > 1) the state holds them
-        # as one array of every device's flat chunk, not as the parameter tree.
-        params = self.plan.param_shapes
-        if self.plan.sharded_params:
-            m = cfg.mesh
-            shape = (m.pipe, m.tensor, m.data * self.plan.param_chunk)
-            params = jax.ShapeDtypeStruct(shape, jnp.float32)
-        return TrainState(0, params, self.plan.opt_local)
+        return TrainState(0, self.plan.state_param_shapes, self.plan.opt_local)
 
     def init_state(self):
         # Rank 0 alone initializes (one compilation instead of one per rank) and sends the blocks.
