@@ -107,6 +107,73 @@ def test_nd_special_values_match_zfpy(kernel, dims, dtype, rates, x64):
         np.testing.assert_array_equal(bits(codec.decode_numpy(stream, n, dtype)), bits(ref_y))
 
 
+def lane_groups(n: int, dims: int, seed: int) -> np.ndarray:
+    """A random walk over n values in which some 4^dims-value blocks hold what the 2-D/3-D lane
+    coder hands to the scalar one (NaN, inf, exponents below -96), some are zeros or -0.0, some
+    tiny or huge, so that lane groups of 8 and 16 blocks come whole, declined and partial."""
+    rng = np.random.default_rng(seed)
+    s = 4**dims
+    x = np.cumsum(rng.standard_normal(n)) * rng.uniform(0.5, 2, n)
+    for b in rng.choice(n // s, size=n // s // 5, replace=False):
+        v = x[s * b : s * (b + 1)]
+        kind = rng.integers(0, 7)
+        if kind == 0:
+            v[rng.integers(0, s)] = [np.nan, np.inf, -np.inf][rng.integers(0, 3)]
+        elif kind == 1:
+            v[:] = 0.0
+        elif kind == 2:
+            v[:] = -0.0
+        elif kind == 3:
+            v *= 2.0 ** rng.integers(-150, -100)  # subnormal or the smallest normals
+        elif kind == 4:
+            v *= 2.0 ** rng.integers(-100, -90)  # around the lane coder's lowest exponent
+        elif kind == 5:
+            v *= 2.0 ** rng.integers(100, 120)
+        else:
+            v[rng.integers(0, s)] = float(np.finfo(np.float32).max)
+    with np.errstate(over="ignore", under="ignore"):
+        return x.astype(np.float32)
+
+
+def nd_outputs(x, rate: float, dims: int, noise) -> tuple:
+    """With the kernel JAXHC_ZFP_KERNEL names: x's stream, its decoded values, the finite flag,
+    the values decoded from noise[0] and the fused decode-and-sum of noise."""
+    n, dtype = x.size, x.dtype
+    stream, y, ok = ours_roundtrip(x, rate, CPU, dims)
+    fused, _ = _sum_fns(rate, n, dtype, dims)
+    codec = Zfp(rate, dims=dims)
+    decoded = np.asarray(jax.jit(lambda p: codec.decode(p, (n,), dtype))(noise[0]))
+    return stream, bits(y), ok, bits(decoded), bits(np.asarray(fused(noise)))
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, jnp.float16])
+def test_nd_lanes_match_zfpy_and_the_scalar_coder(kernel, dims, dtype, monkeypatch):
+    """The 2-D/3-D lane coder (float32, bfloat16 and float16 rows under avx512 and avx2) against
+    zfpy's stream of the float32 values and against the portable scalar coder (the second
+    oracle, forced by JAXHC_ZFP_KERNEL): streams, decoded values of the stream and of random
+    bytes, the finite flag and the fused decode-and-sum, on whole and partial lane groups."""
+    s = 4**dims
+    n = s * (16 * 3 + 8 + 3) + 5
+    x = lane_groups(n, dims, seed=dims)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = x.astype(dtype)
+    rng = np.random.default_rng(dims)
+    for rate in ND_F32_RATES:
+        size = Zfp(rate, dims=dims).payload_bytes(n, dtype)
+        noise = jnp.asarray(rng.integers(0, 256, (2, size), np.uint8))
+        ours = nd_outputs(x, rate, dims, noise)
+        monkeypatch.setenv("JAXHC_ZFP_KERNEL", "portable")
+        scalar = nd_outputs(x, rate, dims, noise)
+        monkeypatch.setenv("JAXHC_ZFP_KERNEL", kernel)
+        where = f"rate={rate} dims={dims} {np.dtype(dtype).name}"
+        assert ours[0] == scalar[0], f"stream differs from the scalar coder's: {where}"
+        assert ours[0] == zfpy_roundtrip(x.astype(np.float32), rate, dims)[0], where
+        assert ours[2] == scalar[2] == bool(np.isfinite(x.astype(np.float32)).all()), where
+        for a, b in zip(ours[1:], scalar[1:], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=where)
+
+
 @pytest.mark.parametrize(
     "dtype,rate", [(np.float32, 8), (np.float32, 16), (np.float32, 5.5), (np.float64, 16)]
 )
@@ -179,7 +246,8 @@ def payload_sets(codec: Zfp, parts: int, m: int, dtype, seed: int):
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, jnp.float16, np.float64])
 @pytest.mark.parametrize("parts", [1, 2, 3, 5])
 def test_decode_sum_equals_decode_then_sum_in_rank_order(kernel, dtype, parts, x64):
-    for rate, m, dims in [(8, 1, 1), (8, 1001, 1), (16, 4099, 1), (5.5, 70, 1), (8, 1001, 3)]:
+    cases = [(8, 1, 1), (8, 1001, 1), (16, 4099, 1), (5.5, 70, 1), (8, 1001, 3), (8, 2100, 3)]
+    for rate, m, dims in [*cases, (5.5, 4099, 2), (16, 777, 2)]:
         codec = Zfp(rate, dims=dims)
         fused, unfused = _sum_fns(rate, m, dtype, dims)
         for name, p in payload_sets(codec, parts, m, dtype, seed=parts).items():

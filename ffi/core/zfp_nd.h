@@ -135,52 +135,62 @@ JAXHC_HD void from_planes(const uint64_t* planes, UInt* c) {
   }
 }
 
-// zfp's encode_few_ints for S <= 64 coefficients: at most `budget` bits appended to out; returns
-// how many. A plane codes as the bits of its n significant coefficients, then group tests: 1 and
-// a scan to the next one-bit (t zeros and a 1; the one-bit of the last position is implied), or 0
-// when no one-bit is left. Planes above the top one-bit (n = 0) are a single 0 each.
-template <int S, typename UInt, typename Sink>
-JAXHC_HD int encode_planes(const UInt* c, int maxprec, Sink& out, int budget) {
-  constexpr int prec = 8 * sizeof(UInt);
+// zfp's encode_few_ints for S <= 64 coefficients given as their bit planes (to_planes; prec of
+// them): at most `budget` bits appended to out; returns how many. A plane codes as the bits of its
+// n significant coefficients, then group tests: 1 and a scan to the next one-bit (t zeros and a 1;
+// the one-bit of the last position is implied), or 0 when no one-bit is left. Planes above the top
+// one-bit (n = 0) are a single 0 each.
+//
+// A word at a time: past the n verbatim bits, the rest r of a plane, up to its top one-bit p,
+// codes as 1, then r's bits with a 1 after every one-bit below p (the next group test), then
+// "10" (p and the final group test), or nothing when p is the last position (implied).
+template <int S, int prec, typename Bits, typename Sink>
+JAXHC_HD int encode_planes(const uint64_t* planes, int maxprec, Sink& out, int budget) {
   const int kmin = prec > maxprec ? prec - maxprec : 0;
-  UInt all = 0;
-  for (int i = 0; i < S; i++) all |= c[i];
-  int top = all ? prec - 1 - clz(all) : -1;
+  int top = prec - 1;
+  while (top >= 0 && !planes[top]) top--;
   if (top < kmin) top = kmin - 1;
   int pos = min_int(prec - 1 - top, budget), n = 0;
   put_zeros(out, pos);
-  if (pos == budget || top < kmin) return pos;
-  uint64_t planes[prec];
-  to_planes<S>(c, planes);
+  auto emit = [&](uint64_t v, int len) {  // v's len low bits, cut at the budget
+    int cut = min_int(len, budget - pos);
+    if (cut > 0) out.put(low_bits(v, cut), cut);
+    pos += len;
+  };
   for (int k = top; pos < budget && k >= kmin; k--) {
     uint64_t x = planes[k];
-    int m = min_int(n, budget - pos);
-    out.put(low_bits(x, m), m);
-    pos += m;
-    x = m < 64 ? x >> m : 0;
-    while (pos < budget && n < S) {
-      pos++;
-      out.put(x != 0, 1);  // the group test
-      if (!x) break;
-      int t = ctz64(x);
-      bool last = n + t == S - 1;
-      int len = last ? t : t + 1, cut = min_int(len, budget - pos);
-      out.put(low_bits(last ? 0 : uint64_t{1} << t, cut), cut);
-      pos += cut;
-      x = (x >> t) >> 1;
-      n += t + 1;
+    emit(x, n);
+    if (n == S || pos >= budget) continue;
+    uint64_t r = x >> n;  // n < S <= 64
+    if (!r) {
+      emit(0, 1);
+      continue;
     }
+    int p = 63 - clz64(r);
+    uint64_t q = r ^ (uint64_t{1} << p);
+    emit(1, 1);
+    uint64_t lo = Bits::double_ones(static_cast<uint32_t>(q));
+    int pop_lo = popcount32(static_cast<uint32_t>(q));
+    if (p <= 32) {
+      emit(lo, p + pop_lo);
+    } else {
+      emit(lo, 32 + pop_lo);
+      emit(Bits::double_ones(static_cast<uint32_t>(q >> 32)),
+           p - 32 + popcount32(static_cast<uint32_t>(q >> 32)));
+    }
+    if (n + p != S - 1) emit(1, 2);
+    n += p + 1;
   }
-  return pos;
+  return min_int(pos, budget);
 }
 
-// zfp's decode_few_ints: the coefficients c of the planes coded in bits [pos, end) of in.
-// Where the budget ends inside a scan, the scanned position takes the one-bit, as in zfp.
-template <int S, typename UInt>
-JAXHC_HD void decode_planes(const uint64_t* in, int maxprec, UInt* c, int pos, int end) {
-  constexpr int prec = 8 * sizeof(UInt);
+// zfp's decode_few_ints: the bit planes (prec of them) of the coefficients coded in bits
+// [pos, end) of in. Where the budget ends inside a scan, the scanned position takes the one-bit,
+// as in zfp.
+template <int S, int prec>
+JAXHC_HD void decode_planes(const uint64_t* in, int maxprec, uint64_t* planes, int pos, int end) {
   const int kmin = prec > maxprec ? prec - maxprec : 0;
-  uint64_t planes[prec] = {};
+  for (int k = 0; k < prec; k++) planes[k] = 0;
   int n = 0;
   for (int k = prec - 1; pos < end && k >= kmin; k--) {
     int m = min_int(n, end - pos);
@@ -199,7 +209,6 @@ JAXHC_HD void decode_planes(const uint64_t* in, int maxprec, UInt* c, int pos, i
     }
     planes[k] = x;
   }
-  from_planes<S>(planes, c);
 }
 
 }  // namespace detail
@@ -224,7 +233,7 @@ JAXHC_HD void load_block_nd(const T* x, uint64_t n, uint64_t b, typename Elems<T
 
 // Appends the code of a dims-D block v (4^dims values) to out: exactly maxbits bits
 // (valid_maxbits). Returns whether all its values are finite.
-template <int D, typename Scalar, typename Sink>
+template <int D, typename Bits = PortableBits, typename Scalar, typename Sink>
 JAXHC_HD bool encode_block_nd(const Scalar* v, int maxbits, Sink& out) {
   using F = Format<Scalar>;
   using UInt = typename F::UInt;
@@ -241,13 +250,16 @@ JAXHC_HD bool encode_block_nd(const Scalar* v, int maxbits, Sink& out) {
   detail::fwd_cast_block<S>(v, bits, finite, emax, u);
   detail::fwd_xform<D, Scalar>(u);
   for (int i = 0; i < S; i++) c[i] = (u[detail::perm<D>(i)] + F::kNbMask) ^ F::kNbMask;
-  int budget = maxbits - F::kMinBits;
-  put_zeros(out, budget - detail::encode_planes<S>(c, detail::precision(emax, D), out, budget));
+  constexpr int prec = F::kIntPrec;
+  uint64_t planes[prec];
+  detail::to_planes<S>(c, planes);
+  int budget = maxbits - F::kMinBits, maxprec = detail::precision(emax, D);
+  put_zeros(out, budget - detail::encode_planes<S, prec, Bits>(planes, maxprec, out, budget));
   return finite;
 }
 
 // Decodes a dims-D block from its maxbits bits in in[0, ceil(maxbits / 64)).
-template <int D, typename Scalar>
+template <int D, typename Bits = PortableBits, typename Scalar>
 JAXHC_HD void decode_block_nd(const uint64_t* in, int maxbits, Scalar* v) {
   using F = Format<Scalar>;
   using UInt = typename F::UInt;
@@ -258,7 +270,10 @@ JAXHC_HD void decode_block_nd(const uint64_t* in, int maxbits, Scalar* v) {
   }
   int emax = get_exponent<Scalar>(in);
   UInt c[S], u[S];
-  detail::decode_planes<S>(in, detail::precision(emax, D), c, F::kMinBits, maxbits);
+  uint64_t planes[F::kIntPrec];
+  detail::decode_planes<S, F::kIntPrec>(in, detail::precision(emax, D), planes, F::kMinBits,
+                                        maxbits);
+  detail::from_planes<S>(planes, c);
   for (int i = 0; i < S; i++) c[i] = (c[i] ^ F::kNbMask) - F::kNbMask;  // (vectorizes)
   for (int i = 0; i < S; i++) u[detail::perm<D>(i)] = c[i];
   detail::inv_xform<D, Scalar>(u);
@@ -279,7 +294,7 @@ JAXHC_HD bool encode_block_d(const Scalar* v, int maxbits, Sink& out) {
   if constexpr (D == 1)
     return encode_block<Bits>(v, maxbits, out);
   else
-    return encode_block_nd<D>(v, maxbits, out);
+    return encode_block_nd<D, Bits>(v, maxbits, out);
 }
 
 template <int D, typename Bits = PortableBits, typename Scalar>
@@ -287,7 +302,7 @@ JAXHC_HD void decode_block_d(const uint64_t* in, int maxbits, Scalar* v) {
   if constexpr (D == 1)
     decode_block<Bits>(in, maxbits, v);
   else
-    decode_block_nd<D>(in, maxbits, v);
+    decode_block_nd<D, Bits>(in, maxbits, v);
 }
 
 }  // namespace zfp

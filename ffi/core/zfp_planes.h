@@ -255,6 +255,17 @@ struct PortableBits {
   static JAXHC_HD void deposit(UInt* u, int k, uint64_t w) { deposit_window(u, k, w); }
   static JAXHC_HD uint64_t compact(uint64_t w, int f) { return detail::compact(w, f); }
   static JAXHC_HD uint64_t expand(uint64_t w, int f) { return detail::expand(w, f); }
+  // The 32 bits of c with a second 1 after each one-bit (32 + popcount(c) bits; 2-D/3-D planes).
+  static JAXHC_HD uint64_t double_ones(uint32_t c) {
+    uint64_t y = c;
+    for (uint32_t r = c; r; r &= r - 1) {  // from the lowest one-bit: the bits above move up
+      int i = 31 - clz32(r & (0u - r));
+      int at = i + popcount32(c & ((1u << i) - 1));  // where bit i sits now
+      uint64_t low = (uint64_t{2} << at) - 1;
+      y = (y & low) | ((y & ~low) << 1) | (uint64_t{2} << at);
+    }
+    return y;
+  }
 };
 
 // Bit-plane coding of the negabinary coefficients u (zfp's encode_few_ints), at most end bits

@@ -48,6 +48,10 @@ struct Bmi2Bits {
   __attribute__((target("bmi,bmi2"))) static uint64_t expand(uint64_t w, int f) {
     return _pdep_u64(w, ((uint64_t{1} << f) - 1) * 0x1111111111111111ull);
   }
+  __attribute__((target("bmi,bmi2"))) static uint64_t double_ones(uint32_t c) {
+    uint64_t z = _pdep_u64(c, 0x5555555555555555ull);  // bit i to bit 2i, doubled where set
+    return _pext_u64(z | z << 1, 0x5555555555555555ull | z << 1);
+  }
 };
 
 #pragma GCC push_options

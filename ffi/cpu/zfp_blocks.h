@@ -12,6 +12,7 @@
 #include "core/zfp.h"
 #include "core/zfp_lanes.h"
 #include "core/zfp_nd.h"
+#include "core/zfp_nd_lanes.h"
 #include "cpu/zfp_kernels.h"
 
 namespace jaxhc {
@@ -291,6 +292,130 @@ void decode_sum_lanes(const uint64_t* const* rows, int parts, uint64_t nwords, u
     store_values<L, E>(acc + 4, x + 4 * (b + L::kLanes));
   }
   decode_sum_scalar<Bits, E>(rows, parts, nwords, n, b, b1, maxbits, x);
+}
+
+// --- groups of L::kLanes 2-D/3-D blocks (float32 coded; core/zfp_nd_lanes.h) --------------------
+
+// Lane j's planes from a group's plane words.
+template <class C>
+inline void lane_planes(const typename C::Planes& planes, int j, uint64_t* p) {
+  for (int k = 0; k < 32; k++) {
+    p[k] = planes[0][k][j];
+    if constexpr (C::H > 1) p[k] |= static_cast<uint64_t>(planes[1][k][j]) << 32;
+  }
+}
+
+template <class L, class Bits, int D, Elem E>
+bool encode_nd_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
+                     uint64_t* words) {
+  using C = lanes::NdCoder<L, D>;
+  constexpr int S = C::S, K = C::K;
+  const int budget = maxbits - Format<float>::kMinBits;
+  WordWriter out(words);
+  bool ok = true;
+  uint64_t b = b0;
+  for (; b + K <= b1; b += K) {
+    alignas(64) float v[K][S];
+    alignas(64) uint32_t t[S][K];
+    for (int j = 0; j < K; j++) load_block_nd<D>(x, n, b + j, v[j]);
+    for (int i = 0; i < S; i++)
+      for (int j = 0; j < K; j++) std::memcpy(&t[i][j], &v[j][i], 4);
+    typename L::V f[S];
+    for (int i = 0; i < S; i++) f[i] = L::load_words32(t[i]);
+    alignas(64) uint32_t head[K];
+    alignas(64) typename C::Planes planes;
+    if (!C::encode(f, head, planes)) {
+      for (int j = 0; j < K; j++) ok &= encode_block_nd<D, Bits>(v[j], maxbits, out);
+      continue;
+    }
+    for (int j = 0; j < K; j++) {
+      if (!head[j]) {
+        put_zeros(out, maxbits);
+        continue;
+      }
+      out.put(head[j], Format<float>::kMinBits);
+      uint64_t p[32];
+      lane_planes<C>(planes, j, p);
+      int maxprec = detail::precision(static_cast<int>(head[j] >> 1) - 127, D);
+      put_zeros(out, budget - detail::encode_planes<S, 32, Bits>(p, maxprec, out, budget));
+    }
+  }
+  for (; b < b1; b++) ok &= encode_one<Bits, E, D>(x, n, b, maxbits, out);
+  out.flush();
+  return ok;
+}
+
+// The values of blocks [b, b + L::kLanes): block b + j's at v[j].
+template <class L, class Bits, int D>
+inline void decode_group_nd(const uint64_t* row, uint64_t nwords, uint64_t b, int maxbits,
+                            float (*v)[block_values(D)]) {
+  using C = lanes::NdCoder<L, D>;
+  constexpr int S = C::S, K = C::K;
+  alignas(64) uint32_t ebits[K];
+  bool nonzero[K];
+  alignas(64) typename C::Planes planes;
+  for (int j = 0; j < K; j++) {
+    uint64_t in[kBlockWords<D, float>];
+    load_block_bits(row, nwords, b + j, maxbits, in);
+    uint64_t p[32];
+    nonzero[j] = in[0] & 1;
+    ebits[j] = static_cast<uint32_t>(in[0] >> 1) & 255;
+    if (nonzero[j])
+      detail::decode_planes<S, 32>(in, detail::precision(static_cast<int>(ebits[j]) - 127, D),
+                                   p, Format<float>::kMinBits, maxbits);
+    else
+      for (int k = 0; k < 32; k++) p[k] = 0;
+    for (int k = 0; k < 32; k++) {
+      planes[0][k][j] = static_cast<uint32_t>(p[k]);
+      if constexpr (C::H > 1) planes[1][k][j] = static_cast<uint32_t>(p[k] >> 32);
+    }
+  }
+  typename L::V f[S];
+  if (!C::decode(ebits, nonzero, planes, f)) {
+    for (int j = 0; j < K; j++) decode_one<Bits, Elem::kF32, D>(row, nwords, b + j, maxbits, v[j]);
+    return;
+  }
+  alignas(64) uint32_t t[S][K];
+  for (int i = 0; i < S; i++) L::store_words32(f[i], t[i]);
+  for (int j = 0; j < K; j++)
+    for (int i = 0; i < S; i++) std::memcpy(&v[j][i], &t[i][j], 4);
+}
+
+template <class L, class Bits, int D, Elem E>
+void decode_nd_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
+                     int maxbits, T_<E>* x) {
+  constexpr int S = block_values(D), K = L::kLanes;
+  uint64_t b = b0;
+  for (; b + K <= b1; b += K) {
+    alignas(64) float v[K][S];
+    decode_group_nd<L, Bits, D>(row, nwords, b, maxbits, v);
+    for (int j = 0; j < K; j++)
+      for (uint64_t i = 0; i < S && S * (b + j) + i < n; i++)
+        x[S * (b + j) + i] = Io<E>::narrow(v[j][i]);
+  }
+  decode_scalar<Bits, E, D>(row, nwords, n, b, b1, maxbits, x);
+}
+
+template <class L, class Bits, int D, Elem E>
+void decode_sum_nd_lanes(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
+                         uint64_t b0, uint64_t b1, int maxbits, T_<E>* x) {
+  constexpr int S = block_values(D), K = L::kLanes;
+  uint64_t b = b0;
+  for (; b + K <= b1; b += K) {
+    alignas(64) float acc[K][S], v[K][S];
+    decode_group_nd<L, Bits, D>(rows[0], nwords, b, maxbits, acc);
+    for (int j = 0; j < K; j++)
+      for (int i = 0; i < S; i++) acc[j][i] = rounded<E>(acc[j][i]);
+    for (int p = 1; p < parts; p++) {
+      decode_group_nd<L, Bits, D>(rows[p], nwords, b, maxbits, v);
+      for (int j = 0; j < K; j++)
+        for (int i = 0; i < S; i++) acc[j][i] += rounded<E>(v[j][i]);
+    }
+    for (int j = 0; j < K; j++)
+      for (uint64_t i = 0; i < S && S * (b + j) + i < n; i++)
+        x[S * (b + j) + i] = Io<E>::narrow(acc[j][i]);
+  }
+  decode_sum_scalar<Bits, E, D>(rows, parts, nwords, n, b, b1, maxbits, x);
 }
 
 }  // namespace cpu

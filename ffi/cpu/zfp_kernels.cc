@@ -84,6 +84,12 @@ JAXHC_ZFP_LOOPS(Nd, int D JAXHC_COMMA Elem E, , encode_scalar, decode_scalar, de
 #if defined(__x86_64__)
 JAXHC_ZFP_LOOPS(NdAvx2, int D JAXHC_COMMA Elem E, JAXHC_AVX2, encode_scalar, decode_scalar,
                 decode_sum_scalar, PortableBits JAXHC_COMMA E JAXHC_COMMA D)
+JAXHC_ZFP_LOOPS(NdLanesAvx2, int D JAXHC_COMMA Elem E, JAXHC_AVX2, encode_nd_lanes,
+                decode_nd_lanes, decode_sum_nd_lanes,
+                x86::Avx2 JAXHC_COMMA PortableBits JAXHC_COMMA D JAXHC_COMMA E)
+JAXHC_ZFP_LOOPS(NdLanesAvx512, int D JAXHC_COMMA Elem E, JAXHC_AVX512, encode_nd_lanes,
+                decode_nd_lanes, decode_sum_nd_lanes,
+                x86::Avx512 JAXHC_COMMA Bmi2Bits JAXHC_COMMA D JAXHC_COMMA E)
 #endif
 // clang-format on
 
@@ -107,10 +113,15 @@ Loops loops_for(Kernel k, int maxbits) {
   return Portable<E>::loops();
 }
 
-// The 2-D/3-D block coder (scalar; the compiler vectorizes its loops under AVX2).
+// The 2-D/3-D block coder: lane-parallel for float32 coded rows under the avx512 and avx2
+// kernels, else scalar (compiled for AVX2 under those two kernels).
 template <int D, Elem E>
 Loops nd_loops(Kernel k) {
 #if defined(__x86_64__)
+  if constexpr (E != Elem::kF64) {
+    if (k == Kernel::kAvx512) return NdLanesAvx512<D, E>::loops();
+    if (k == Kernel::kAvx2) return NdLanesAvx2<D, E>::loops();
+  }
   if (k == Kernel::kAvx512 || k == Kernel::kAvx2) return NdAvx2<D, E>::loops();
 #endif
   (void)k;

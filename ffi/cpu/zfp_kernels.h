@@ -5,8 +5,9 @@
 // the row (1-D) or of its (ceil(n / 4), 4) or (ceil(n / 16), 4, 4) layout. bfloat16/float16 rows
 // code their values widened to float32 (the float32 row's stream); decoding into them rounds as
 // jnp.astype does. maxbits must be valid_maxbits for the coded type (float32, or float64 for
-// kF64) and dims. The lane-parallel kernels code 1-D rows; 2-D/3-D rows take the scalar block
-// coder (compiled for AVX2 under the avx2 and avx512 kernels).
+// kF64) and dims. The lane-parallel kernels code 1-D rows (core/zfp_lanes.h) and 2-D/3-D rows
+// (core/zfp_nd_lanes.h, one plane code per block) of float32 coded values; float64 2-D/3-D rows
+// take the scalar block coder (compiled for AVX2 under the avx2 and avx512 kernels).
 #pragma once
 #include <cstdint>
 
