@@ -210,8 +210,8 @@ def test_budget(device):
 
 
 def test_large_row_split_across_threads(device):
-    # 400k words = 391 chunks: the CPU encoder splits the row over its threads (first run in
-    # place, later runs through scratch); budgets cut it inside the first run and after it.
+    # 400k words = 391 chunks: the CPU encoder splits the row over its threads (runs of 64
+    # chunks, coded in place or staged); budgets cut it inside the first run and after it.
     n = 400_000
     x = np.cumsum(np.random.default_rng(7).normal(size=n)).astype(np.float32)
     xd = jax.device_put(x, device)

@@ -47,13 +47,13 @@ out["mpc"] = [digest(e.payload) for e in payloads]
 out["mpc_exact"] = all(
     np.array_equal(np.asarray(dec(e.payload)).view(np.uint32), x.view(np.uint32)) for e in payloads
 )
-# A budget that cuts the row inside a later run (its runs go through the scratch).
+# A budget that cuts the row inside a later run.
 cut = Mpc(budget=0.6 * int(payloads[0].nbytes) / x.nbytes)
 e = jax.jit(cut.encode)(x)
 out["mpc_cut"] = [bool(e.ok), digest(e.payload)]
-# Rows of mixed compressibility (random bits, then a walk; and the reverse): the runs staged in
-# the payload move by every distance, from almost none to more than their length. A budget the
-# row fits stages them in the scratch instead: the same bytes.
+# Rows of mixed compressibility (random bits, then a walk; and the reverse): runs of every stream
+# size, coded in place or staged and copied to their start, whichever thread gets there first. A
+# budget the row fits gives the same bytes.
 noise = np.random.default_rng(5).integers(0, 2**32, 1 << 20, dtype=np.uint32).view(np.float32)
 smooth = walk(1 << 21, 6)
 out["mpc_mixed"], out["mpc_mixed_exact"] = [], True

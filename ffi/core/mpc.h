@@ -57,7 +57,8 @@ JAXHC_HD uint64_t header_bytes(uint64_t n, uint32_t /*word_bytes*/) {
 JAXHC_HD uint64_t max_payload_bytes(uint64_t n, uint32_t word_bytes) {
   return align_up(header_bytes(n, word_bytes) + n * word_bytes, 8);
 }
-// Scratch the encoders take as an extra result: every chunk's stream at its worst-case offset.
+// Scratch the encoders take as an extra result: the CUDA encoder writes every chunk's stream
+// there at its worst-case offset (the CPU encoder needs none).
 JAXHC_HD uint64_t scratch_bytes(uint64_t n, uint32_t word_bytes) {
   return align_up(n * word_bytes, 8);
 }

@@ -23,7 +23,8 @@
 //   jaxhc_mpc_encode  x: W [..., n]                attrs: dim (1..64)
 //                     W: any 16/32/64-bit int or float type; only its bits are coded
 //                     -> payload: U8 [..., capacity], nbytes: S32 [...]  (nbytes > capacity: over budget),
-//                        scratch: U8 [..., mpc_scratch_bytes(n)]  (work space; its contents are garbage)
+//                        scratch: U8 [..., mpc_scratch_bytes(n)]  (the CUDA encoder's work space; its
+//                        contents are garbage, the CPU encoder leaves it alone)
 //                     capacity: a multiple of 8, at least mpc_header_bytes(n)
 //   jaxhc_mpc_decode  payload: U8 [..., capacity]   attrs: dim, strict (0 or 1)
 //                     -> x: W [..., n], status: S32 [...]  (0: ok, else mpc::Status)
@@ -43,12 +44,12 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxhcMpcDecodeCpu);
 
 // Host entry points of the MPC kernels on plain buffers (one row of n words of wb bytes), for the
 // fused MPI collectives (ZFP's are in cpu/zfp_kernels.h). encode: the payload's used bytes (more
-// than `capacity`: over budget, payload cut); `scratch` holds mpc_scratch_bytes(n, wb).
+// than `capacity`: over budget, payload cut).
 // decode: 0, or the mpc::Status of a malformed row.
 namespace jaxhc {
 namespace mpc {
 uint64_t encode_host(const void* x, uint32_t wb, uint64_t n, uint32_t dim, uint8_t* payload,
-                     uint64_t capacity, uint8_t* scratch);
+                     uint64_t capacity);
 int32_t decode_host(const uint8_t* payload, uint64_t capacity, uint32_t wb, uint64_t n,
                     uint32_t dim, void* x);
 }  // namespace mpc

@@ -1,13 +1,15 @@
 // CPU XLA FFI handlers of the MPC codec (contract in cpu/handlers.h). Small rows of a batch run on
-// separate threads; a large row is cut into contiguous runs of chunks, one per thread, each then
-// copied behind the run before it (see EncodeRow).
+// separate threads; a large row is cut into runs of chunks that the threads code in turn, each
+// written to its final place in the payload (see EncodeRow).
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/ffi_args.h"
@@ -25,7 +27,7 @@ namespace jaxhc {
 namespace mpc {
 namespace {
 
-constexpr size_t kPartChunks = 64;  // a row is split across threads only in runs this long
+constexpr size_t kPartChunks = 64;  // a row is split across threads in runs this long
 
 ffi::Error Invalid(const std::string& what) {
   return ffi::Error::InvalidArgument("mpc " + what);
@@ -143,7 +145,7 @@ Status DecodeChunk(bool fast, const uint8_t* s, uint32_t size, uint32_t m, uint3
   return ChunkCodec<U>::Decode(s, size, m, dim, x, w);
 }
 
-// Contiguous runs of chunks [begin(p), begin(p + 1)) for `parts` threads.
+// Contiguous runs of chunks [begin(p), begin(p + 1)) for `parts` threads (the decoder's split).
 struct Runs {
   uint64_t nchunks;
   size_t parts;
@@ -169,105 +171,96 @@ void ForRows(size_t rows, uint64_t nchunks, Fn&& fn) {
   }
 }
 
-// A piece of the work after a row's runs are encoded: bytes copied from src to dst, or zeroed
-// (src null).
-struct Piece {
-  uint8_t* dst;
-  const uint8_t* src;
-  uint64_t bytes;
+// Zeroes [p, p + bytes) with every thread, in pieces of 1 MiB.
+void ZeroParallel(uint8_t* p, uint64_t bytes) {
+  constexpr uint64_t kPiece = uint64_t{1} << 20;
+  parallel_for((bytes + kPiece - 1) / kPiece, 1, [&](size_t b, size_t e) {
+    const uint64_t lo = b * kPiece, hi = std::min(bytes, e * kPiece);
+    memset(p + lo, 0, hi - lo);
+  });
+}
+
+// The stream offsets of a row coded by several threads (EncodeRow): the end of run k's streams
+// is published once run k - 1's is known and run k is coded, which gives run k + 1 its start.
+class RunEnds {
+ public:
+  static constexpr uint64_t kUnknown = std::numeric_limits<uint64_t>::max();
+  explicit RunEnds(uint64_t runs) : ends_(runs) {
+    for (auto& e : ends_) e.store(kUnknown, std::memory_order_relaxed);
+  }
+  // Run k's start, or kUnknown while run k - 1 is not done.
+  uint64_t start(uint64_t k) const {
+    return k ? ends_[k - 1].load(std::memory_order_acquire) : 0;
+  }
+  // Run k's start, once known. Run k - 1 was claimed before run k by a thread that is running it
+  // (it waits only on runs claimed before it), so this returns.
+  uint64_t wait_start(uint64_t k) const {
+    uint64_t s;
+    for (unsigned spins = 0; (s = start(k)) == kUnknown; ++spins)
+      if (spins >= 64) std::this_thread::yield();
+    return s;
+  }
+  void publish(uint64_t k, uint64_t end) { ends_[k].store(end, std::memory_order_release); }
+  uint64_t last() const { return ends_.back().load(std::memory_order_acquire); }
+
+ private:
+  std::vector<std::atomic<uint64_t>> ends_;
 };
-constexpr uint64_t kPieceBytes = uint64_t{1} << 20;
 
-void AddPieces(std::vector<Piece>* pieces, uint8_t* dst, const uint8_t* src, uint64_t bytes) {
-  for (uint64_t o = 0; o < bytes; o += kPieceBytes)
-    pieces->push_back({dst + o, src ? src + o : nullptr, std::min(kPieceBytes, bytes - o)});
-}
-
-// Moves `bytes` from src down to dst (dst <= src) with every thread. Where the two overlap, in
-// ascending segments no longer than the distance (a segment's source lies above everything the
-// segments before it write), each segment in parallel pieces; a short distance, one memmove.
-void MoveDown(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
-  const uint64_t shift = uint64_t(src - dst);
-  if (!shift || !bytes) return;
-  if (shift < bytes && shift < kPieceBytes) {
-    memmove(dst, src, bytes);
-    return;
-  }
-  const uint64_t seg = std::min(shift, bytes);
-  for (uint64_t o = 0; o < bytes; o += seg) {
-    std::vector<Piece> pieces;
-    AddPieces(&pieces, dst + o, src + o, std::min(seg, bytes - o));
-    parallel_for(pieces.size(), 1, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
-    });
-  }
-}
-
+// Encodes one row into its payload. The threads claim runs of kPartChunks chunks in row order; a
+// run whose start is known when it is claimed (always so with one thread) is coded straight to
+// its place in the payload, any other into the thread's staging buffer (a run's worst case, 256
+// KiB of float32, so it stays in the L2 cache) and copied to its place once the run before it
+// has published its end. Every byte of the payload is written once, in the same layout whatever
+// the thread count, and no pass over the row follows the coding but the zeroing of the unused
+// tail. Streams past the capacity are cut (over budget: the table is still complete).
 template <typename U>
 int32_t EncodeRow(const U* x, uint64_t n, uint32_t dim, uint8_t* payload, uint64_t capacity,
-                  uint8_t* scratch, size_t parts, bool fast) {
+                  size_t parts, bool fast) {
   constexpr uint32_t wb = sizeof(U);
-  const Runs runs{chunk_count(n), parts};
+  const uint64_t nchunks = chunk_count(n), nruns = (nchunks + kPartChunks - 1) / kPartChunks;
   const uint64_t head = header_bytes(n, wb), room = capacity - head;
-  uint8_t* table = payload + kFixedHeader;
-  // Run 0 is written in place (cut at the capacity); run p > 0 at its worst-case offset, then
-  // moved behind the run before. When the payload holds every run's worst case (no budget), the
-  // runs are staged in the payload itself, whose pages are all written anyway (streams, then
-  // zeros); the scratch is a fresh buffer on every call that the kernel would fault in and zero
-  // as the runs are written there. Run p's destination ends at or below run p + 1's worst-case
-  // offset but may cover an earlier run's source, so the moves go in ascending order. Otherwise
-  // (a budget) the runs are staged in the scratch, where no copy's source overlaps any
-  // destination, and the copies run in parallel.
-  const bool in_payload = parts > 1 && capacity >= head + n * wb;
-  std::vector<uint8_t*> at(parts);
-  for (size_t p = 0; p < parts; ++p)
-    at[p] = p == 0       ? payload + head
-            : in_payload ? payload + head + runs.begin(p) * kChunkWords * wb
-                         : scratch + runs.begin(p) * kChunkWords * wb;
-  std::vector<uint64_t> total(parts);
-  parallel_for(parts, 1, [&](size_t pb, size_t pe) {
+  uint8_t* const table = payload + kFixedHeader;
+  uint8_t* const streams = payload + head;
+  RunEnds ends(nruns);
+  std::atomic<uint64_t> next{0};
+  // Codes chunks [c0, c1) to out (room bytes there, cut beyond), their end offsets counted from
+  // `base` into the table; returns the bytes they need.
+  auto code = [&](uint64_t c0, uint64_t c1, uint64_t base, uint8_t* out, uint64_t out_room,
+                  ChunkWork<U>& work) {
+    uint64_t pos = 0;
+    for (uint64_t c = c0; c < c1; ++c) {
+      const uint64_t left = pos < out_room ? out_room - pos : 0;
+      pos += EncodeChunk<U>(fast, x + c * kChunkWords, chunk_words(n, c), dim,
+                            left ? out + pos : out, left, work);
+      store<uint32_t>(table + 4 * c, uint32_t(base + pos));  // fits: max_payload_bytes < 2^31
+    }
+    return pos;
+  };
+  parallel_for(std::min<uint64_t>(parts, nruns), 1, [&](size_t, size_t) {
     ChunkWork<U> work;
-    for (size_t p = pb; p < pe; ++p) {
-      uint64_t lim = p ? std::numeric_limits<uint64_t>::max() : room, pos = 0;
-      for (uint64_t c = runs.begin(p); c < runs.begin(p + 1); ++c) {
-        uint64_t left = pos < lim ? lim - pos : 0;
-        uint32_t size = EncodeChunk<U>(fast, x + c * kChunkWords, chunk_words(n, c), dim,
-                                       left ? at[p] + pos : at[p], left, work);
-        store<uint32_t>(table + 4 * c, size);
-        pos += size;
+    std::vector<uint8_t> stage;
+    for (uint64_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < nruns;) {
+      const uint64_t c0 = k * kPartChunks, c1 = std::min(nchunks, c0 + kPartChunks);
+      uint64_t start = ends.start(k);
+      if (start != RunEnds::kUnknown) {
+        const uint64_t out_room = start < room ? room - start : 0;
+        ends.publish(k, start + code(c0, c1, start, streams + std::min(start, room), out_room,
+                                     work));
+        continue;
       }
-      total[p] = pos;
+      stage.resize(kPartChunks * kChunkWords * wb);
+      const uint64_t size = code(c0, c1, 0, stage.data(), stage.size(), work);
+      start = ends.wait_start(k);
+      ends.publish(k, start + size);
+      for (uint64_t c = c0; c < c1; ++c)  // the ends counted from the run's start
+        store<uint32_t>(table + 4 * c, uint32_t(start + load<uint32_t>(table + 4 * c)));
+      if (start < room) memcpy(streams + start, stage.data(), std::min(size, room - start));
     }
   });
-  uint32_t end = 0;  // sizes -> end offsets; fits: checked against max_payload_bytes
-  for (uint64_t c = 0; c < runs.nchunks; ++c) {
-    end += load<uint32_t>(table + 4 * c);
-    store<uint32_t>(table + 4 * c, end);
-  }
-  // The moves (or copies), then the zeroing of the payload's unused tail, in pieces over every
-  // thread.
-  std::vector<Piece> pieces;
-  uint64_t start = total[0];
-  for (size_t p = 1; p < parts; start += total[p++]) {
-    if (start >= room) continue;
-    const uint64_t bytes = std::min(total[p], room - start);
-    if (in_payload)
-      MoveDown(payload + head + start, at[p], bytes);
-    else
-      AddPieces(&pieces, payload + head + start, at[p], bytes);
-  }
-  memset(payload + kFixedHeader + 4 * runs.nchunks, 0, head - kFixedHeader - 4 * runs.nchunks);
-  const uint64_t used = head + end;
-  if (used < capacity) AddPieces(&pieces, payload + used, nullptr, capacity - used);
-  parallel_for(pieces.size(), 1, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) {
-      const Piece& c = pieces[i];
-      if (c.src)
-        memcpy(c.dst, c.src, c.bytes);
-      else
-        memset(c.dst, 0, c.bytes);
-    }
-  });
+  memset(payload + kFixedHeader + 4 * nchunks, 0, head - kFixedHeader - 4 * nchunks);
+  const uint64_t used = head + ends.last();
+  if (used < capacity) ZeroParallel(payload + used, capacity - used);
   write_header(payload, uint32_t(n), wb, dim, uint32_t(used));
   return int32_t(used);
 }
@@ -308,14 +301,13 @@ Failure DecodeRow(const uint8_t* payload, uint64_t capacity, uint64_t n, uint32_
 }
 
 template <typename U>
-void Encode(const Batch& b, int64_t dim, const void* x, uint8_t* payload, int32_t* nbytes,
-            uint8_t* scratch) {
-  const uint64_t n = b.n, sbytes = scratch_bytes(n, sizeof(U));
+void Encode(const Batch& b, int64_t dim, const void* x, uint8_t* payload, int32_t* nbytes) {
+  const uint64_t n = b.n;
   const U* words = static_cast<const U*>(x);
   const bool fast = UseFastCodec();
   ForRows(b.rows, chunk_count(n), [&](size_t r, size_t parts) {
     nbytes[r] = EncodeRow<U>(words + r * n, n, uint32_t(dim), payload + r * b.capacity, b.capacity,
-                             scratch + r * sbytes, parts, fast);
+                             parts, fast);
   });
 }
 
@@ -328,13 +320,11 @@ ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
   if (!why.empty()) return Invalid("encode: " + why);
   uint8_t* p = static_cast<uint8_t*>(payload->untyped_data());
   int32_t* nb = nbytes->typed_data();
-  uint8_t* s = scratch->typed_data();
   PreferHugePages(p, payload->size_bytes());
-  PreferHugePages(s, scratch->size_bytes());
   switch (b.wb) {
-    case 2: Encode<uint16_t>(b, dim, x.untyped_data(), p, nb, s); break;
-    case 4: Encode<uint32_t>(b, dim, x.untyped_data(), p, nb, s); break;
-    default: Encode<uint64_t>(b, dim, x.untyped_data(), p, nb, s); break;
+    case 2: Encode<uint16_t>(b, dim, x.untyped_data(), p, nb); break;
+    case 4: Encode<uint32_t>(b, dim, x.untyped_data(), p, nb); break;
+    default: Encode<uint64_t>(b, dim, x.untyped_data(), p, nb); break;
   }
   return ffi::Error::Success();
 }
@@ -380,16 +370,16 @@ ffi::Error DecodeImpl(ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x,
 
 // Host entry points (one row; the handlers' kernels and threads), for the fused MPI collectives.
 uint64_t encode_host(const void* x, uint32_t wb, uint64_t n, uint32_t dim, uint8_t* payload,
-                     uint64_t capacity, uint8_t* scratch) {
+                     uint64_t capacity) {
   const bool fast = UseFastCodec();
   const size_t parts = PartsFor(chunk_count(n), 1);
   switch (wb) {
     case 2: return uint64_t(EncodeRow(static_cast<const uint16_t*>(x), n, dim, payload, capacity,
-                                      scratch, parts, fast));
+                                      parts, fast));
     case 4: return uint64_t(EncodeRow(static_cast<const uint32_t*>(x), n, dim, payload, capacity,
-                                      scratch, parts, fast));
+                                      parts, fast));
     default: return uint64_t(EncodeRow(static_cast<const uint64_t*>(x), n, dim, payload,
-                                       capacity, scratch, parts, fast));
+                                       capacity, parts, fast));
   }
 }
 

@@ -59,9 +59,7 @@ SegmentCodec::Result MpcSegments::encode(const void* src, Elem e, uint64_t count
                                          uint64_t* bytes) {
   const uint32_t wb = static_cast<uint32_t>(elem_bytes(e));
   const uint64_t cap = capacity_for(count, wb);
-  if (scratch_.size() < mpc::scratch_bytes(count, wb)) scratch_.resize(mpc::scratch_bytes(count, wb));
-  uint64_t used = mpc::encode_host(src, wb, count, static_cast<uint32_t>(dim_), out, cap,
-                                   scratch_.data());
+  uint64_t used = mpc::encode_host(src, wb, count, static_cast<uint32_t>(dim_), out, cap);
   if (budget_ > 0 && used > std::max(mpc::align_up(mpc::header_bytes(count, wb), 8),
                                      static_cast<uint64_t>(budget_ * count * wb) / 8 * 8))
     return kOverBudget;  // as the unfused collectives count it (per segment here)

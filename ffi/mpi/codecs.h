@@ -45,7 +45,7 @@ class MpcSegments final : public SegmentCodec {
   uint64_t capacity_for(uint64_t count, uint32_t wb) const;
   int dim_;
   double budget_;
-  std::vector<uint8_t> scratch_, pieces_;
+  std::vector<uint8_t> pieces_;
 };
 
 }  // namespace mpi
