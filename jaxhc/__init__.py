@@ -10,6 +10,7 @@ from jaxhc.collectives import all_to_all as all_to_all
 from jaxhc.collectives import pmean as pmean
 from jaxhc.collectives import ppermute as ppermute
 from jaxhc.collectives import psum as psum
+from jaxhc.collectives import psum_pair as psum_pair
 from jaxhc.collectives import psum_scatter as psum_scatter
 from jaxhc.launch import Launcher as Launcher
 from jaxhc.launch import run as run
@@ -33,6 +34,7 @@ __all__ = [
     "pmean",
     "ppermute",
     "psum",
+    "psum_pair",
     "psum_scatter",
     "run",
     "transport",

@@ -50,6 +50,10 @@ def to_canonical(state: TrainState, plan: Plan) -> dict:
             vec = vec[c["data"] * plan.layout.padded :][: plan.layout.padded] if ef else vec
             local = plan.layout.treedef.flatten_up_to(plan.layout.unflatten(np.asarray(vec)))
             for arr, spec, block in zip(arrays, specs, local, strict=True):
+                # a replicated parameter's values from its canonical copy (tensor and pipe rank
+                # 0): another stage's copy of a shared embedding is stale
+                if not _blocks.owns_block(spec, block.ndim, {**c, "data": 0}, shape):
+                    continue
                 box = _blocks.block_slices(spec, arr.shape[-block.ndim :], c, shape)
                 (arr[c["data"]] if ef else arr)[box] = block
         prefix = "residual" if ef else f"opt/{key}"

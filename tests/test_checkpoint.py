@@ -21,7 +21,7 @@ from _gpt import assert_trees_equal
 from jaxhc.data import Batches, corpus_bytes
 from jaxhc.launch import _blocks
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig
-from jaxhc.parallel import TrainState
+from jaxhc.parallel import TrainState, params_to_single
 from jaxhc.parallel.canonical import Canonical, flat_boxes, storage_chunks
 from jaxhc.parallel.state import Plan
 from jaxhc.train import checkpoint
@@ -260,3 +260,51 @@ def test_training_resumes_on_another_mesh(written, b):
     print(f"\n{b}: resumed {got}, from the same state {want}, on 2x2x2 {losses}")
     assert got == want  # bit for bit: the restored state is the oracle's, the step the same
     np.testing.assert_allclose(got, losses, rtol=1e-4)
+
+
+def test_stale_copies_of_shared_parameters_never_reach_a_checkpoint(tmp_path):
+    """On 4 stages the middle ones read none of wte, wpe, ln_f and the last stage reads no wpe:
+    those copies get zero gradients (AdamW's decay still moves wte and wpe) and drift from the
+    first stage's, which holds the canonical copy. The last stage's wte and ln_f stay the
+    first's bit for bit; a checkpoint (parameters and optimizer state) and `params_to_single`
+    take the first stage's copies, and a resume puts them on every stage."""
+    cfg = _cfg(mesh(2, 1, 4))
+    runner = XlaRunner(cfg, jax.devices()[:8])
+    batches = Batches(corpus_bytes(), 16, MODEL.block_size, 0)
+    state = runner.init_state()
+    for i in range(2):
+        state, _ = runner.step(state, batches.train(i))
+
+    def per_stage(x):
+        shards = {s.device: np.asarray(s.data) for s in x.addressable_shards}
+        return [shards[d] for d in runner.mesh.devices[0, 0]]
+
+    params = state.params
+    wte, wpe = per_stage(params["wte"]), per_stage(params["wpe"])
+    ln_f = per_stage(params["ln_f"]["scale"])
+    for name, copies, stale in (
+        ("wte", wte, (1, 2)),
+        ("wpe", wpe, (1, 2, 3)),
+        ("ln_f", ln_f, (1, 2)),
+    ):
+        for s in stale:
+            assert not np.array_equal(copies[s], copies[0]), f"{name} on stage {s}"
+    np.testing.assert_array_equal(wte[3], wte[0])
+    np.testing.assert_array_equal(ln_f[3], ln_f[0])
+    single = params_to_single(state)
+    np.testing.assert_array_equal(single["wte"], wte[0])
+    np.testing.assert_array_equal(single["wpe"], wpe[0])
+    np.testing.assert_array_equal(single["ln_f"]["scale"], ln_f[0])
+
+    ckpt = Checkpoints(str(tmp_path))
+    assert runner.save(ckpt, 2, state)
+    saved = to_canonical(ckpt.read_global(runner.plan), runner.plan)
+    np.testing.assert_array_equal(saved["params/wpe"], wpe[0])
+    np.testing.assert_array_equal(saved["params/ln_f/scale"], ln_f[0])
+    want = to_canonical(jax.device_get(state), runner.plan)  # the oracle: pipe rank 0's copies
+    assert saved.keys() == want.keys()
+    for n in want:
+        np.testing.assert_array_equal(saved[n], want[n], err_msg=n)
+    restored = runner.restore(ckpt, runner.init_state())
+    for copy in per_stage(restored.params["wpe"]):
+        np.testing.assert_array_equal(copy, wpe[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import jax
+import numpy as np
 import pytest
 
 import jaxhc
@@ -93,8 +94,8 @@ def test_ledger_counts_every_collective_of_a_step():
         "tensor/act": 2 * 2 * layers * mesh_cfg.microbatches,
         # each micro-batch crosses the stage boundary forward, its cotangent backward
         "pipe/act": 2 * mesh_cfg.microbatches,
-        # wte, wpe, ln_f scale and bias: float32 leaves varying over the same axes, summed as one
-        # bucket (one message, `jaxhc.psum`'s bucket_bytes)
+        # wte, ln_f scale and bias: float32 leaves varying over the same axes, exchanged by the
+        # end stages as one bucket (one message each way, `jaxhc.psum_pair`'s bucket_bytes)
         "pipe/grad": 1,
         "data/grad": 1,
         "data/param": 1,
@@ -104,6 +105,9 @@ def test_ledger_counts_every_collective_of_a_step():
     micro = cfg.block_size * cfg.n_embd * 4 * (8 // mesh_cfg.data // mesh_cfg.microbatches)
     tensor = ledger.per_axis(devices=mesh.size, by_kind=True)["tensor/act"]
     assert tensor["raw_bytes"] == calls["tensor/act"] * micro  # 2(P-1)/P = 1 for P = 2
+    shared = ledger.per_axis(devices=mesh.size, by_kind=True)["pipe/grad"]
+    paired = 4 * (cfg.vocab_size + 2) * cfg.n_embd  # wte and ln_f; wpe stays on the first stage
+    assert shared["raw_bytes"] == 2 / mesh_cfg.pipe * paired  # 2 of the S stages send
 
 
 @pytest.mark.parametrize("mesh_name", ["2x2x2", pytest.param("1x2x4", marks=pytest.mark.slow)])
@@ -128,3 +132,34 @@ def test_bubble_ticks_hold_no_tensor_collectives(mesh_name):
     # outside the conditionals (a bubble sends nothing because it is in no pair, not by a branch).
     pipe = [b for op, t, b in found if op == "collective-permute" and t.startswith(activation)]
     assert pipe == [False] * 2 * (len(ticks) - 1)
+
+
+PAIRS = re.compile(r"source_target_pairs=\{(?P<pairs>(?:\{\d+,\d+\},?)*)\}")
+
+
+@pytest.mark.parametrize(
+    "mesh_name", ["1x1x1", "2x2x2", pytest.param("2x1x4", marks=pytest.mark.slow)]
+)
+def test_shared_gradients_cross_pipe_once_between_the_end_stages(mesh_name):
+    """Per step the shared embeddings' reduction is, for S > 1 stages, one collective-permute of
+    the wte and ln_f gradients (one bucket of (V + 2) C values) between the first and the last
+    stage of every pipeline, both ways, and nothing else: wpe's gradient stays on the first stage
+    (it used to be one all-reduce of (V + T + 2) C values over every stage). None for S = 1."""
+    cfg, mesh_cfg, mesh, step = train_step(mesh_name, "none", "float32")
+    state = init_state(cfg, mesh_cfg, OPTIM, mesh, SEED)
+    hlo = step.lower(state, batch(0)).compile().as_text()
+    paired = f"f32[{(cfg.vocab_size + 2) * cfg.n_embd}]" + "{"
+    every = f"f32[{(cfg.vocab_size + cfg.block_size + 2) * cfg.n_embd}]" + "{"
+    lines = [line for line in hlo.splitlines() if COLLECTIVE.search(line)]
+    assert not [line for line in lines if every in line]
+    sends = [line for line in lines if COLLECTIVE.search(line)["type"].startswith(paired)]
+    assert [COLLECTIVE.search(line)["op"] for line in sends] == ["collective-permute"] * (
+        mesh_cfg.pipe > 1
+    )
+    if mesh_cfg.pipe == 1:
+        return
+    pairs = re.findall(r"\{(\d+),(\d+)\}", PAIRS.search(sends[0])["pairs"])
+    stage = lambda device: np.unravel_index(int(device), mesh.devices.shape)[2]  # noqa: E731
+    assert sorted((stage(a), stage(b)) for a, b in pairs) == sorted(
+        [(0, mesh_cfg.pipe - 1), (mesh_cfg.pipe - 1, 0)] * (mesh.size // mesh_cfg.pipe)
+    )

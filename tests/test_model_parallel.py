@@ -22,6 +22,7 @@ from tests._gpt import (
     OPTIM,
     POLICIES,
     SEED,
+    all_axes,
     assert_trees_close,
     batch,
     mesh_of,
@@ -168,3 +169,50 @@ def test_lossy_parameter_gather_does_not_compound():
     np.testing.assert_array_equal(last, first)  # ...once, not once per step
     master = np.asarray(jax.device_get(state.opt_state["master"])).ravel()
     assert set(master[np.abs(master) >= 1e-20]) <= set(flat(initial))
+
+
+def _per_stage(x, mesh) -> list[np.ndarray]:
+    """A replicated array's copy on each pipeline stage (data and tensor rank 0)."""
+    shards = {s.device: np.asarray(s.data) for s in x.addressable_shards}
+    return [shards[d] for d in mesh.devices[0, 0]]
+
+
+def test_shared_gradients_are_summed_by_the_stages_that_read_them():
+    """On 4 stages: wte's gradient is the sum of the first stage's (embedding) and the last's
+    (tied head) on both of them; ln_f's the last stage's, also on the first (its canonical copy);
+    wpe's the first stage's alone. The middle stages' gradients of all three (and the last's of
+    wpe) stay their own zeros: what the reference gives on the first stage, and nothing more,
+    reaches the gradient norm and the update."""
+    _, ref_grads = reference_grads()
+    mesh_cfg, mesh = mesh_of("2x1x4")
+    state = init_state(CFG, mesh_cfg, OPTIM, mesh, SEED)
+    _, grads = make_loss_and_grads(CFG, mesh_cfg, mesh, "none")(state.params, batch(0))
+    paired = [("wte",), ("ln_f", "scale"), ("ln_f", "bias")]
+    for path in [*paired, ("wpe",)]:
+        want, x = ref_grads, grads
+        for k in path:
+            want, x = want[k], x[k]
+        first, *middle, last = _per_stage(x, mesh)
+        assert_trees_close(first, want, 1e-5, "/".join(path) + " ")
+        for copy in middle:
+            np.testing.assert_array_equal(copy, 0)
+        if path in paired:
+            np.testing.assert_array_equal(last, first)
+        else:
+            np.testing.assert_array_equal(last, 0)
+
+
+def test_end_stage_copies_stay_equal_under_a_lossy_data_codec():
+    """q8 on every axis: a scale per 256 values of the flat ZeRO vector, across parameter
+    boundaries (wpe lies between ln_f and wte), so the end stages also exchange wpe's gradients
+    and their copies of wte and ln_f stay the same bits (without wpe they drifted apart)."""
+    mesh_cfg, mesh = mesh_of("2x1x4")
+    policy = all_axes("q8", "q8-all")
+    step = make_train_step(CFG, mesh_cfg, OPTIM, mesh, policy)
+    state = init_state(CFG, mesh_cfg, OPTIM, mesh, SEED, policy=policy)
+    for i in range(3):
+        state, metrics = step(state, batch(i))
+        jax.block_until_ready(metrics)
+    for x in (state.params["wte"], *jax.tree.leaves(state.params["ln_f"])):
+        first, *_, last = _per_stage(x, mesh)
+        np.testing.assert_array_equal(last, first)

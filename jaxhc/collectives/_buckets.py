@@ -95,6 +95,7 @@ def reduce_tree(
     single: Callable,
     resolve: Callable,
     bucket: Callable,
+    rows: int | None = None,
 ):
     """Reduce the pytree `x` over `axis_name` bucket by bucket.
 
@@ -102,7 +103,9 @@ def reduce_tree(
     leaf when `bucket_bytes` is None or 0). `resolve(stand_in)`: the codec for a bucket, given a
     ShapeDtypeStruct of its unpadded size (so a policy's ``min_bytes`` applies to the message).
     `bucket(flat, codec, nbytes)`: the collective of the 1-D concatenation `flat` (leaves already
-    marked varying over `axis_name`), `nbytes` the leaves' raw bytes without padding.
+    marked varying over `axis_name`), `nbytes` the leaves' raw bytes without padding. `rows`: the
+    chunks a lossy block codec encodes each bucket in (default: one per rank of the axis; 1 for a
+    collective that sends whole arrays).
     """
     check(bucket_bytes)
     leaves, tree = jax.tree.flatten(x)
@@ -115,6 +118,7 @@ def reduce_tree(
             out[i] = single(a)
         else:
             arrays[i] = c.prepare(c.as_array(a), axis_name)[0]
+    rows = transport().axis_size(axis_name) if rows is None else rows
     for b in plan(arrays, bucket_bytes):
         if len(b.leaves) == 1:
             out[b.leaves[0]] = single(arrays[b.leaves[0]])
@@ -122,7 +126,7 @@ def reduce_tree(
         parts = [arrays[i] for i in b.leaves]
         total = sum(p.size for p in parts)
         codec = resolve(jax.ShapeDtypeStruct((total,), parts[0].dtype))
-        flat, offsets = _concat(parts, block_values(codec), transport().axis_size(axis_name))
+        flat, offsets = _concat(parts, block_values(codec), rows)
         y = bucket(flat, codec, b.nbytes)
         for i, p, start in zip(b.leaves, parts, offsets, strict=True):
             out[i] = lax.slice(y, (start,), (start + p.size,)).reshape(p.shape)

@@ -37,9 +37,11 @@ def _one(x, axis_name, perm, codec, policy, kind):
     return _permute(x, axis_name, perm, chosen, kind)
 
 
-def _plain(x, axis_name, perm, kind):
-    raw = len(perm) / transport().axis_size(axis_name) * c.nbytes(x)
-    return c.record(axis_name, kind, raw, raw, anchor=transport().ppermute(x, axis_name, perm))
+def _plain(x, axis_name, perm, kind, nbytes=None):
+    share = len(perm) / transport().axis_size(axis_name)
+    raw, wire = share * (c.nbytes(x) if nbytes is None else nbytes), share * c.nbytes(x)
+    out = transport().ppermute(x, axis_name, perm)
+    return c.record(axis_name, kind, raw, wire, anchor=out)
 
 
 def _check_perm(perm, parts):
@@ -60,13 +62,24 @@ def _permute(x, axis_name, perm, codec: Codec | None, kind):
     )
 
 
-def _compressed(x, axis_name, perm, codec: Codec | None, kind):
+def exchange(x, axis_name, perm, codec: Codec | None, kind, nbytes=None):
+    """(what this rank receives, `x` as its destination decodes it): the ppermute of a prepared
+    `x` under `codec` (None: plain), for a caller that combines the two
+    (`jaxhc.collectives.psum_pair`; the second is meaningful on the ranks that both send and
+    receive). `nbytes`: x's raw bytes without a bucket's padding, for the ledger."""
+    if codec is None:
+        return _plain(x, axis_name, perm, kind, nbytes), x
+    return _compressed(x, axis_name, perm, codec, kind, nbytes, sent=True)
+
+
+def _compressed(x, axis_name, perm, codec: Codec | None, kind, nbytes=None, sent=False):
+    """The ppermute of `x`; with `sent`, (that, x as its destination decodes it)."""
     if codec is None:
         return _plain(x, axis_name, perm, kind)
     t = transport()
     parts = t.axis_size(axis_name)
     share = len(perm) / parts  # average fraction of ranks that send
-    raw = share * c.nbytes(x)
+    raw = share * (c.nbytes(x) if nbytes is None else nbytes)
     payload, ok = c.encode_one(codec, x)
     agree = c.agreement_bytes(codec, parts)
     receivers = sorted(d for _, d in perm)
@@ -77,25 +90,27 @@ def _compressed(x, axis_name, perm, codec: Codec | None, kind):
         sends = jnp.isin(t.ppermute_index(axis_name), jnp.asarray(senders))
         ok = jnp.logical_or(ok, jnp.logical_not(sends))
 
+    def decoded(p):
+        return c.decode_rows(codec, p[None], x.size, x.dtype)[0].reshape(x.shape)
+
+    def received(got):
+        return (decoded(got), decoded(payload)) if sent else decoded(got)
+
     def permute():
         got = t.ppermute(payload, axis_name, perm)
         c.record(axis_name, kind, raw, share * payload.shape[0] + agree, anchor=got)
         if len(receivers) == parts:
-            return c.decode_rows(codec, got[None], x.size, x.dtype)[0].reshape(x.shape)
+            return received(got)
         # Ranks that receive nothing hold a zero payload, which is no valid stream for every
         # codec: they skip decoding and return zeros, as lax.ppermute does.
         me = t.ppermute_index(axis_name)  # perm's numbering: mesh order for a tuple of axes
         receives = jnp.isin(me, jnp.asarray(receivers))
-        return lax.cond(
-            receives,
-            lambda p: c.decode_rows(codec, p[None], x.size, x.dtype)[0].reshape(x.shape),
-            lambda p: like(jnp.zeros(x.shape, x.dtype), p),
-            got,
-        )
+        zeros = like(jnp.zeros(x.shape, x.dtype), got)
+        return lax.cond(receives, received, lambda _: (zeros, zeros) if sent else zeros, got)
 
     def plain():
-        return c.record(
-            axis_name, kind, raw, raw + agree, True, anchor=t.ppermute(x, axis_name, perm)
-        )
+        out = t.ppermute(x, axis_name, perm)
+        c.record(axis_name, kind, raw, share * c.nbytes(x) + agree, True, anchor=out)
+        return (out, x) if sent else out
 
     return c.guarded(ok, axis_name, codec, permute, plain)

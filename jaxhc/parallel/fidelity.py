@@ -1,10 +1,10 @@
 """How faithful the compressed gradient reduction is: its error against the exact reduction.
 
 On a sampled step the train step reduces the same local gradients a second time with plain
-`jax.lax` collectives (the shared embeddings over "pipe", then the ZeRO reduce-scatter over
-"data") and compares this rank's chunk of the compressed sum `g` (what AdamW receives: with error
-feedback, the carried residual included) with the exact one `e`, over the whole model (each
-parameter counted once, as in the gradient norm):
+`jax.lax` collectives (the shared embeddings' gradients between the end stages, then the ZeRO
+reduce-scatter over "data") and compares this rank's chunk of the compressed sum `g` (what AdamW
+receives: with error feedback, the carried residual included) with the exact one `e`, over the
+whole model (each parameter counted once, as in the gradient norm):
 
     grad_rel_err = ||g - e|| / ||e||        grad_cos = <g, e> / (||g|| ||e||)
 

@@ -6,8 +6,14 @@ Every mesh holds the same global parameter arrays (the single layout of `jaxhc.m
   over "tensor" the heads of ``attn/c_attn`` and ``attn/c_proj.kernel`` and the hidden units of
   ``mlp/c_fc`` and ``mlp/c_proj.kernel``. LayerNorms and the row-parallel biases are replicated
   over "tensor".
-* ``wte``, ``wpe``, ``ln_f``: replicated over "tensor" and "pipe" (the first stage embeds, the last
-  one applies ``ln_f`` and the head tied to ``wte``); their gradients are summed over "pipe".
+* ``wte``, ``wpe``, ``ln_f`` (`SHARED`): replicated over "tensor" and "pipe", but each is read
+  by some stages only: the first embeds (``wte``, ``wpe``), the last applies ``ln_f`` and the head
+  tied to ``wte``. The first stage holds the canonical copy of all three (the one the gradient
+  norm counts, a checkpoint writes and `jaxhc.parallel.params_to_single` returns): ``wte`` and
+  ``ln_f`` (`PAIRED`) have their gradients summed over the pair of end stages, so both ends
+  update the same bits; ``wpe`` needs no sum (but joins the pair under a lossy data codec: see
+  `jaxhc.parallel.step._paired`). The middle stages' copies (and the last stage's ``wpe``) get
+  zero gradients: stale copies that no stage reads and no reader takes.
 * Parameters are replicated over "data" (ZeRO-1); AdamW's moments are split over "data".
 
 ZeRO works on each rank's local parameters flattened into one vector (`FlatLayout`), padded so that
@@ -34,6 +40,10 @@ TENSOR_SPLIT = {
     ("mlp", "c_fc", "bias"): 0,  # (4C,)
     ("mlp", "c_proj", "kernel"): 0,  # (4C, C)
 }
+# Parameters every stage holds (the rest of the tree is split over "pipe"), and those of them
+# whose gradients the first and the last stage sum (see the module docstring).
+SHARED = ("wte", "wpe", "ln_f")
+PAIRED = ("wte", "ln_f")
 # Leaves that AdamW decays: matrices and embeddings, not biases or LayerNorm parameters.
 DECAYED = ("kernel", "wte", "wpe")
 

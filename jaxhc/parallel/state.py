@@ -18,7 +18,7 @@ from jaxhc.model import gpt
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.parallel import zero
 from jaxhc.parallel.amsp import ShardPlan
-from jaxhc.parallel.layout import FlatLayout, param_specs
+from jaxhc.parallel.layout import SHARED, FlatLayout, param_specs
 
 OPT_SPEC = P("pipe", "tensor", "data")  # AdamW moments: (pipe, tensor, padded flat params)
 
@@ -126,7 +126,10 @@ class Plan:
             for x, spec in zip(leaves, specs, strict=True):
                 box = _blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))
                 n = x[box].size
-                x[box] = flat[at : at + n].reshape(x[box].shape)
+                # a replicated parameter from its canonical copy (pipe and tensor rank 0): the
+                # other stages' copies of a shared one are stale (`jaxhc.parallel.layout`)
+                if _blocks.owns_block(spec, x.ndim, coords, _mesh_shape(m)):
+                    x[box] = flat[at : at + n].reshape(x[box].shape)
                 at += n
         return layout.treedef.unflatten(leaves)
 
@@ -257,13 +260,28 @@ def from_single(params, mesh: Mesh) -> dict:
     )
 
 
+def _first_stage_copy(x):
+    """A parameter every stage holds, from pipe rank 0 (its canonical copy; another stage's may be
+    stale, see `jaxhc.parallel.layout`): a host array as it is."""
+    if not isinstance(x, jax.Array) or not isinstance(x.sharding, NamedSharding):
+        return jax.device_get(x)
+    mesh = x.sharding.mesh
+    pipe = list(mesh.axis_names).index("pipe")
+    for shard in x.addressable_shards:
+        where = np.argwhere(mesh.devices == shard.device)[0]
+        if where[pipe] == 0:
+            return np.asarray(shard.data)
+    raise ValueError("params_to_single: no device of the first pipeline stage is in this process")
+
+
 def params_to_single(state_or_params, model_cfg=None, mesh_cfg=None) -> dict:
     """The parameters of a TrainState (or a sharded parameter tree) as host numpy arrays.
 
     With sharded parameters (``mesh.shard.params`` > 1: flat chunks) give the configs too."""
     params = state_or_params.params if isinstance(state_or_params, TrainState) else state_or_params
-    if isinstance(params, dict):
-        return jax.device_get(params)
+    if isinstance(params, dict):  # a shared parameter from its canonical copy
+        fetch = {k: _first_stage_copy if k in SHARED else jax.device_get for k in params}
+        return {k: jax.tree.map(fetch[k], v) for k, v in params.items()}
     if model_cfg is None or mesh_cfg is None:
         raise ValueError(
             "params_to_single: sharded parameters (flat chunks) need model_cfg, mesh_cfg"

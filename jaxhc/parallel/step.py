@@ -8,8 +8,9 @@ inside ``jaxhc.context.use(policy=...)``, so the model and ZeRO code below name 
 cross-device byte goes through jaxhc's collectives under that policy:
 
 * "tensor": `jaxhc.psum` of block outputs and of their input gradients (``kind="act"``);
-* "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and `jaxhc.psum` of
-  the gradients of ``wte``, ``wpe`` and ``ln_f``, which every stage holds (``kind="grad"``);
+* "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and
+  `jaxhc.psum_pair` of the gradients of ``wte`` and ``ln_f`` between the first and the last
+  stage (``kind="grad"``; see `_sum_shared`);
 * "data": `jaxhc.psum_scatter` of gradients (``kind="grad"``), `jaxhc.all_gather` of updated
   parameters (``kind="param"``); under a sharding plan that nests the data axis
   (`jaxhc.parallel.amsp`), level by level over its sub-axes, and the reduced gradient chunks
@@ -38,6 +39,7 @@ from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.model.tensor_parallel import TensorParallel
 from jaxhc.parallel import fidelity, zero
+from jaxhc.parallel.layout import PAIRED
 from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
 from jaxhc.policy import Policy
@@ -111,12 +113,30 @@ def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, data="data"):
     return zero.psum_scalar(local, (*axis_tuple(data), "pipe")), grads
 
 
-def _sum_shared(grads):
-    """Every stage holds wte, wpe and ln_f: their gradients summed over "pipe"."""
-    if jaxhc.axis_size("pipe") == 1:
+def _sum_shared(grads, data=("data",)):
+    """The gradients of the parameters every stage holds (`jaxhc.parallel.layout.SHARED`),
+    summed among the stages that need them: ``wte`` (read by the first and the last stage) and
+    ``ln_f`` (read by the last, its canonical copy on the first) over the pair of end stages, in
+    one message each way; ``wpe`` (the first stage's alone) only where `_paired` says. The other
+    stages' copies keep their own (zero) gradients: stale copies that nothing reads."""
+    stages = jaxhc.axis_size("pipe")
+    if stages == 1:
         return grads
-    shared = {k: grads[k] for k in ("wte", "wpe", "ln_f")}
-    return {**grads, **jaxhc.psum(shared, "pipe", kind="grad")}
+    paired = {k: grads[k] for k in _paired(data)}
+    return {**grads, **jaxhc.psum_pair(paired, "pipe", (0, stages - 1), kind="grad")}
+
+
+def _paired(data) -> tuple[str, ...]:
+    """`PAIRED`, and ``wpe`` too when a lossy codec reduces the gradients over a `data` (sub-)axis:
+    its blocks may span neighbouring parameters of the flat ZeRO vector (wpe lies between ln_f
+    and wte), so the end stages' reductions give wte and ln_f the same bits only if their wpe
+    gradients are the same too."""
+    policy = context.policy()
+    for axis in axis_tuple(data) if policy is not None else ():
+        codec = policy.codec_for(axis, "grad", jnp.float32)
+        if jaxhc.axis_size(axis) > 1 and codec is not None and not codec.lossless:
+            return (*PAIRED, "wpe")
+    return PAIRED
 
 
 def _loss_and_grads(params, tokens, cfg, mesh_cfg):
@@ -132,7 +152,7 @@ def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
     levels; `zero.reduce` does the levels outside. Error-feedback residuals of the parameter
     levels ride along as the gather's second input (their cotangent: the new residuals)."""
     shard, layout = plan.shard, plan.layout
-    gather = zero.gather_params(layout, shard, _sum_shared)
+    gather = zero.gather_params(layout, shard, functools.partial(_sum_shared, data=shard.axes))
     scattered = len(shard.param_axes)
     residual = opt_state.get("residual")
     mine = () if residual is None else tuple(zero.split_residual(residual, layout.padded, shard))
@@ -195,7 +215,7 @@ def per_shard_train_step(
             loss, local = _local_loss_and_grads(
                 params, tokens, model_cfg, mesh_cfg, shard.data_axis
             )
-            g, opt_state = zero.reduce(_sum_shared(local), before, layout, shard)
+            g, opt_state = zero.reduce(_sum_shared(local, shard.axes), before, layout, shard)
         chunk, start = zero.finest(g, layout, shard)
         observed = fidelity.sample(
             state.step, fidelity_every, chunk, start, local, exact_chunk, layout, shard

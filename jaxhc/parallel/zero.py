@@ -149,7 +149,7 @@ def gather_params(layout: FlatLayout, shard: ShardPlan, shared_grads):
     device's 1/s_p chunk all-gathered over the parameter group, outermost sub-axis first
     (``kind="param"``), and unflattened. Its reverse mode is the gradients' reduce-scatter over
     the same levels, innermost first (``kind="grad"``): the cotangent tree, after
-    `shared_grads` (the sum over "pipe" of the embeddings' gradients), is flattened and
+    `shared_grads` (the end stages' sum of the shared embeddings' gradients), is flattened and
     scattered, so the chunk's gradient is the partial sum `reduce_gradients(..., scattered=)`
     continues. `residuals` (error feedback: the parameter levels' residuals, or ()) come back as
     their own cotangent: the new residuals.

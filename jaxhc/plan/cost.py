@@ -41,9 +41,10 @@ precision moved: 4 psi float32, 2 psi mixed), level by level over the nested dat
                             the micro-batch's activations, 2 (t - 1)/t x tokens x width x e each
   pipe:                     per micro-batch one activation forward and one gradient back,
                             tokens x width x e each, (p - 1)/p of it per device on average (the
-                            end stages send one way); and an all-reduce of the gradients of
-                            what every stage holds (GPT-2: the tied embedding, positions, final
-                            norm), 2 (p - 1)/p x their bytes
+                            end stages send one way); and the end stages' exchange of the
+                            gradients both keep (GPT-2: the tied embedding and the final norm,
+                            the positions too under a lossy data grad codec), each sending
+                            their bytes once: 2/p of them per device on average
 In float32 these are exactly `jaxhc.plan.traffic.data_collectives` (tested), whose bytes equal
 the ledger's.
 
@@ -130,7 +131,7 @@ class Comm:
 
     axis: str  # "data", "data.<i>", "tensor", "pipe"
     kind: str  # "param", "grad", "act" (tensor and pipe)
-    op: str  # "all_gather", "psum_scatter", "psum", "ppermute"
+    op: str  # "all_gather", "psum_scatter", "psum", "ppermute", "psum_pair"
     ranks: int
     span: int  # consecutive devices its group covers (for the link level)
     message: int  # values this device passes in
@@ -149,6 +150,7 @@ class Comm:
             "psum_scatter": (k - 1) / k * n,
             "psum": 2 * (k - 1) / k * n,
             "ppermute": (k - 1) / k * n,  # a pipeline: the last stage sends nothing forward
+            "psum_pair": 2 / k * n,  # two of the k ranks send
         }[self.op]
 
     @property
@@ -166,13 +168,17 @@ class Comm:
 
     def seconds(self, cluster: Cluster) -> float:
         link = cluster.link(self.span)
-        steps = {"psum": 2 * (self.ranks - 1), "ppermute": 1}.get(self.op, self.ranks - 1)
+        steps = {"psum": 2 * (self.ranks - 1), "ppermute": 1, "psum_pair": 1}.get(
+            self.op, self.ranks - 1
+        )
         t = steps * link.latency + self.wire / self.bandwidth(cluster)
         if self.codec is not None and self.codec.spec != "none":
             speed = cluster.speed(self.codec.spec)
             n = self.message * self.itemsize
             encoded = n + n / self.ranks if self.op == "psum" else n
-            decoded = {"all_gather": self.ranks * n, "psum": 2 * n}.get(self.op, n)
+            decoded = {"all_gather": self.ranks * n, "psum": 2 * n, "psum_pair": 2 * n}.get(
+                self.op, n
+            )
             t += encoded / speed.encode + decoded / speed.decode
         return self.count * t
 
@@ -188,8 +194,8 @@ def wire_bytes(codec, op: str, ranks: int, message: int, itemsize: int, raw: flo
         return raw
     dtype = _dtype(itemsize)
     agree = cc.agreement_bytes(codec, ranks)
-    if op in ("all_gather", "ppermute"):
-        mult = ranks - 1 if op == "all_gather" else (ranks - 1) / ranks
+    if op in ("all_gather", "ppermute", "psum_pair"):
+        mult = {"all_gather": ranks - 1, "ppermute": (ranks - 1) / ranks}.get(op, 2 / ranks)
         return mult * codec.payload_bytes(message, dtype) + agree
     row = -(-message // ranks // cc.ROW_MULTIPLE) * cc.ROW_MULTIPLE
     per = (ranks - 1) * codec.payload_bytes(row, dtype) + agree
@@ -375,11 +381,13 @@ def collectives(
     if lay.pipe > 1:
         codec = codec_of("pipe", "act", ea, act * ea, lay.pipe > cluster.devices_per_node)
         out.append(Comm("pipe", "act", "ppermute", lay.pipe, lay.pipe, act, ea, 2 * m, codec))
-        shared = shape.shared_params()  # held by every stage: their gradients are summed
-        if shared:
-            per = _members(lay.pipe, 1, cluster.devices_per_node)
-            codec = codec_of("pipe", "grad", eg, shared * eg, lay.pipe > cluster.devices_per_node)
-            out.append(Comm("pipe", "grad", "psum", lay.pipe, lay.pipe, shared, eg, 1, codec, per))
+        # summed by the end stages, one message each way; the positions too under a lossy data
+        # grad codec (`jaxhc.parallel.step._paired`)
+        lossy = any(c.kind == "grad" and c.codec and not c.codec.lossless for c in out)
+        paired = shape.paired_params(positions=lossy)
+        if paired:
+            codec = codec_of("pipe", "grad", eg, paired * eg, lay.pipe > cluster.devices_per_node)
+            out.append(Comm("pipe", "grad", "psum_pair", lay.pipe, lay.pipe, paired, eg, 1, codec))
     return out
 
 

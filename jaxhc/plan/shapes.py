@@ -54,14 +54,19 @@ class ModelShape:
         head = 0 if self.tied else self.vocab * h
         return self.vocab * h + head + self.positions * h + (h if self.swiglu else 2 * h)
 
-    def shared_params(self) -> int:
-        """Parameters every pipeline stage holds (jaxhc's GPT: the tied token embedding, the
-        positions and the final norm, whose gradients are summed over "pipe"); LLaMA: none
-        counted (its untied embedding and head sit on the end stages)."""
+    def paired_params(self, positions: bool = False) -> int:
+        """Parameters whose gradients a pipeline's first and last stage sum (jaxhc's GPT: the
+        tied token embedding, which both read, and the final norm, read by the last stage and
+        kept canonical on the first; the positions, the first stage's alone, only with
+        `positions`: under a lossy data codec); LLaMA: none counted (its untied embedding and
+        head sit on the end stages)."""
         if self.swiglu:
             return 0
-        h = self.width
-        return self.vocab * h + self.positions * h + 2 * h
+        return (
+            self.vocab * self.width
+            + 2 * self.width
+            + (self.positions * self.width if positions else 0)
+        )
 
     def params(self) -> int:
         return self.layers * self.layer_params() + self.embedding_params()
