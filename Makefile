@@ -79,7 +79,7 @@ test-mpi: setup-mpi
 	$(MPI_ENV) $(MPIRUN) -np 4 $(MPI_PYTEST)
 
 test: setup setup-mpi
-	$(XLA_HOST8) $(PYTEST) -q --durations=25 -m "not slow and not mpi"
+	$(XLA_HOST8) $(PYTEST) -q -n 2 --dist loadgroup --durations=25 -m "not slow and not mpi"
 	@$(MAKE) --no-print-directory test-mpi
 
 test-all: setup setup-mpi
