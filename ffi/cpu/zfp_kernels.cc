@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -22,9 +21,6 @@
 #include "cpu/zfp_avx2.h"
 #include "cpu/zfp_avx512.h"
 #include "cpu/zfp_blocks.h"
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 namespace jaxhc {
 namespace zfp {
@@ -160,8 +156,7 @@ uint64_t group_blocks(int maxbits) {
 
 // Calls fn(row, first_block, end_block) on word-aligned block ranges covering every row's blocks:
 // one thread per core, each taking the next chunk of groups until none is left, so a thread the
-// OS runs less (a busy machine) simply takes fewer chunks. About 32 chunks a thread, so the
-// threads finish at most one small chunk apart (1 MiB of float32 output for 16M values on two).
+// OS runs less (a busy machine) simply takes fewer chunks.
 template <typename Fn>
 void parallel_blocks(uint64_t rows, uint64_t n, int maxbits, int dims, Fn&& fn) {
   const uint64_t s = static_cast<uint64_t>(block_values(dims));
@@ -177,7 +172,7 @@ void parallel_blocks(uint64_t rows, uint64_t n, int maxbits, int dims, Fn&& fn) 
   const uint64_t grain = std::max<uint64_t>(1, kGrainValues / s / group);
   const uint64_t threads = std::min<uint64_t>(host_threads(), total / grain);
   if (threads <= 1) return run(0, total);
-  const uint64_t chunk = std::max(grain, total / (32 * threads));
+  const uint64_t chunk = std::max(grain, total / (8 * threads));
   const FpMode mode;
   std::atomic<uint64_t> next{0};
   parallel_for(threads, 1, [&](size_t, size_t) {
@@ -295,56 +290,13 @@ void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, 
   });
 }
 
-namespace {
-// Outputs at least this large go to memory with non-temporal stores (larger than the caches, so
-// nothing reads them from there soon).
-constexpr uint64_t kStreamBytes = uint64_t{8} << 20;
-constexpr uint64_t kStageBytes = 32768;  // decoded values staged in the L1 cache
-
-// Copies `bytes` from src (in the cache) to dst; on x86-64 with non-temporal stores, which write
-// whole lines without first reading them from memory as a plain store to an uncached line does
-// (for zfp:8 float32 that read is 4x the payload read: most of a decode's memory traffic).
-void stream_copy(char* dst, const char* src, uint64_t bytes) {
-#if defined(__x86_64__)
-  const uint64_t misaligned = reinterpret_cast<uintptr_t>(dst) % 16;
-  const uint64_t head = std::min<uint64_t>(bytes, misaligned ? 16 - misaligned : 0);
-  memcpy(dst, src, head);
-  uint64_t i = head;
-  for (; i + 64 <= bytes; i += 64)
-    for (int j = 0; j < 64; j += 16)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + j),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + j)));
-  memcpy(dst + i, src + i, bytes - i);
-#else
-  memcpy(dst, src, bytes);
-#endif
-}
-}  // namespace
-
 void decode_rows(Kernel k, const uint64_t* payload, Elem type, uint64_t rows, uint64_t n,
                  int maxbits, int dims, void* x) {
   const Loops f = loops(k, type, maxbits, dims);
-  const uint64_t eb = elem_bytes(type), words = payload_bytes(n, maxbits, dims) / 8;
-  const uint64_t row_bytes = n * eb, s = static_cast<uint64_t>(block_values(dims));
+  const uint64_t words = payload_bytes(n, maxbits, dims) / 8, row_bytes = n * elem_bytes(type);
   prefer_huge_pages(x, rows * row_bytes);
-  const bool stream = rows * row_bytes >= kStreamBytes;
-  // A block's values are contiguous in the row (1-D, and the (n/4, 4), (n/16, 4, 4) layouts).
-  const uint64_t stage_blocks = kStageBytes / (s * eb);
   parallel_blocks(rows, n, maxbits, dims, [&](uint64_t r, uint64_t b0, uint64_t b1) {
-    char* xr = static_cast<char*>(x) + r * row_bytes;
-    if (!stream) return f.decode(payload + r * words, words, n, b0, b1, maxbits, xr);
-    alignas(64) char stage[kStageBytes];
-    for (uint64_t b = b0; b < b1; b += stage_blocks) {
-      const uint64_t e = std::min(b1, b + stage_blocks), v0 = b * s, v1 = std::min(n, e * s);
-      // The loops write values [v0, v1) at row + v0: a row pointer placed so that they land in
-      // the stage (an address computation only; nothing outside the stage is touched).
-      void* row = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(stage) - v0 * eb);
-      f.decode(payload + r * words, words, n, b, e, maxbits, row);
-      stream_copy(xr + v0 * eb, stage, (v1 - v0) * eb);
-    }
-#if defined(__x86_64__)
-    _mm_sfence();  // the streamed lines are visible before the range counts as done
-#endif
+    f.decode(payload + r * words, words, n, b0, b1, maxbits, static_cast<char*>(x) + r * row_bytes);
   });
 }
 
