@@ -220,15 +220,20 @@ def _cfg(m: MeshConfig) -> ExperimentConfig:
     return ExperimentConfig(model=MODEL, mesh=m, optim=OPTIM, train=train, compression="none")
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory):
-    """Two steps on 2 x 2 x 2, checkpointed; the state in memory and the next losses there."""
-    cfg = _cfg(mesh(2, 2, 2))
-    runner = XlaRunner(cfg, jax.devices()[:8])
+def _two_steps(m: MeshConfig):
+    """A runner on mesh m (8 devices), the batches, and the state after two steps."""
+    runner = XlaRunner(_cfg(m), jax.devices()[:8])
     batches = Batches(corpus_bytes(), 16, MODEL.block_size, 0)
     state = runner.init_state()
     for i in range(2):
         state, _ = runner.step(state, batches.train(i))
+    return runner, batches, state
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """Two steps on 2 x 2 x 2, checkpointed; the state in memory and the next losses there."""
+    runner, batches, state = _two_steps(mesh(2, 2, 2))
     ckpt = Checkpoints(str(tmp_path_factory.mktemp("ckpt")))
     assert runner.save(ckpt, 2, state)
     host = jax.device_get(state)
@@ -268,12 +273,7 @@ def test_stale_copies_of_shared_parameters_never_reach_a_checkpoint(tmp_path):
     first stage's, which holds the canonical copy. The last stage's wte and ln_f stay the
     first's bit for bit; a checkpoint (parameters and optimizer state) and `params_to_single`
     take the first stage's copies, and a resume puts them on every stage."""
-    cfg = _cfg(mesh(2, 1, 4))
-    runner = XlaRunner(cfg, jax.devices()[:8])
-    batches = Batches(corpus_bytes(), 16, MODEL.block_size, 0)
-    state = runner.init_state()
-    for i in range(2):
-        state, _ = runner.step(state, batches.train(i))
+    runner, batches, state = _two_steps(mesh(2, 1, 4))
 
     def per_stage(x):
         shards = {s.device: np.asarray(s.data) for s in x.addressable_shards}
