@@ -1,5 +1,6 @@
 // The CPU ZFP kernels (cpu/zfp_kernels.h): the block loops of cpu/zfp_blocks.h compiled once per
-// instruction set (function target attributes, every call inlined), one picked per call.
+// instruction set (cpu/zfp_loops.h: function target attributes, every call inlined; the lane loops
+// in translation units of their own), one picked per call.
 //
 // Rows are split over threads in groups of blocks whose bit ranges start on a 64-bit word
 // (64 / gcd(maxbits, 64) blocks), so each thread writes whole words of its own and every word of
@@ -18,110 +19,26 @@
 #include "cpu/fp_mode.h"
 #include "cpu/memory.h"
 #include "cpu/parallel.h"
-#include "cpu/zfp_avx2.h"
-#include "cpu/zfp_avx512.h"
-#include "cpu/zfp_blocks.h"
+#include "cpu/zfp_loops.h"
 
 namespace jaxhc {
 namespace zfp {
 namespace {
 
-using cpu::T_;
-
-// The three block-range loops of one kernel for one element type (type-erased).
-struct Loops {
-  bool (*encode)(const void* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits, uint64_t* words);
-  void (*decode)(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
-                 int maxbits, void* x);
-  void (*decode_sum)(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
-                     uint64_t b0, uint64_t b1, int maxbits, void* x);
-};
-
-// Defines struct NAME<Params...> whose encode/decode/decode_sum run the block loops ENC, DEC and
-// SUM (templates of zfp_blocks.h, instantiated with ARGS) under function attributes ATTR.
-#define JAXHC_ZFP_LOOPS(NAME, PARAMS, ATTR, ENC, DEC, SUM, ARGS)                              \
-  template <PARAMS>                                                                           \
-  struct NAME {                                                                               \
-    ATTR static bool encode(const void* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits, \
-                            uint64_t* words) {                                                \
-      return cpu::ENC<ARGS>(static_cast<const T_<E>*>(x), n, b0, b1, maxbits, words);         \
-    }                                                                                         \
-    ATTR static void decode(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0,    \
-                            uint64_t b1, int maxbits, void* x) {                              \
-      cpu::DEC<ARGS>(row, nwords, n, b0, b1, maxbits, static_cast<T_<E>*>(x));                \
-    }                                                                                         \
-    ATTR static void decode_sum(const uint64_t* const* rows, int parts, uint64_t nwords,      \
-                                uint64_t n, uint64_t b0, uint64_t b1, int maxbits, void* x) { \
-      cpu::SUM<ARGS>(rows, parts, nwords, n, b0, b1, maxbits, static_cast<T_<E>*>(x));        \
-    }                                                                                         \
-    static constexpr Loops loops() { return {encode, decode, decode_sum}; }                   \
-  };
-
-// clang-format off
-#define JAXHC_COMMA ,
-JAXHC_ZFP_LOOPS(Portable, Elem E, , encode_scalar, decode_scalar, decode_sum_scalar,
-                PortableBits JAXHC_COMMA E)
-#if defined(__x86_64__)
-using x86::Bmi2Bits;
-#define JAXHC_BMI2 __attribute__((target("bmi,bmi2"), flatten))
-#define JAXHC_AVX2 __attribute__((target("avx2,f16c,fma,bmi,bmi2"), flatten))
-#define JAXHC_AVX512                                                                       \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vbmi2,gfni," \
-                        "avx2,f16c,fma,bmi,bmi2"),                                        \
-                 flatten))
-JAXHC_ZFP_LOOPS(Bmi2, Elem E, JAXHC_BMI2, encode_scalar, decode_scalar, decode_sum_scalar,
-                Bmi2Bits JAXHC_COMMA E)
-// Zen 2 has AVX2 but microcoded pdep/pext: its lanes hand blocks to the portable scalar coder.
-JAXHC_ZFP_LOOPS(Avx2, int W JAXHC_COMMA Elem E, JAXHC_AVX2, encode_lanes, decode_lanes,
-                decode_sum_lanes,
-                lanes::Pair<x86::Avx2> JAXHC_COMMA PortableBits JAXHC_COMMA W JAXHC_COMMA E)
-JAXHC_ZFP_LOOPS(Avx512, int W JAXHC_COMMA Elem E, JAXHC_AVX512, encode_lanes, decode_lanes,
-                decode_sum_lanes,
-                lanes::Pair<x86::Avx512> JAXHC_COMMA Bmi2Bits JAXHC_COMMA W JAXHC_COMMA E)
-#endif
-JAXHC_ZFP_LOOPS(Nd, int D JAXHC_COMMA Elem E, , encode_scalar, decode_scalar, decode_sum_scalar,
-                PortableBits JAXHC_COMMA E JAXHC_COMMA D)
-#if defined(__x86_64__)
-JAXHC_ZFP_LOOPS(NdAvx2, int D JAXHC_COMMA Elem E, JAXHC_AVX2, encode_scalar, decode_scalar,
-                decode_sum_scalar, PortableBits JAXHC_COMMA E JAXHC_COMMA D)
-JAXHC_ZFP_LOOPS(NdLanesAvx2, int D JAXHC_COMMA Elem E, JAXHC_AVX2, encode_nd_lanes,
-                decode_nd_lanes, decode_sum_nd_lanes,
-                x86::Avx2 JAXHC_COMMA PortableBits JAXHC_COMMA D JAXHC_COMMA E)
-JAXHC_ZFP_LOOPS(NdLanesAvx512, int D JAXHC_COMMA Elem E, JAXHC_AVX512, encode_nd_lanes,
-                decode_nd_lanes, decode_sum_nd_lanes,
-                x86::Avx512 JAXHC_COMMA Bmi2Bits JAXHC_COMMA D JAXHC_COMMA E)
-#endif
-// clang-format on
-
-template <template <int, Elem> class Lanes, Elem E>
-Loops lane_loops(int maxbits) {  // words per lane: the block's maxbits bits, 32 at a time
-  if (maxbits <= 32) return Lanes<1, E>::loops();
-  if (maxbits <= 64) return Lanes<2, E>::loops();
-  return Lanes<4, E>::loops();
-}
-
+// The scalar coders (`loops` gives float32-coded rows to the lane loops under the avx512 and avx2
+// kernels). 1-D: with BMI2 bit permutations where the CPU has fast ones.
 template <Elem E>
-Loops loops_for(Kernel k, int maxbits) {
+Loops loops_for(Kernel k) {
 #if defined(__x86_64__)
-  if constexpr (E != Elem::kF64) {  // the lane coder codes float32
-    if (k == Kernel::kAvx512) return lane_loops<Avx512, E>(maxbits);
-    if (k == Kernel::kAvx2) return lane_loops<Avx2, E>(maxbits);
-  }
   if (k != Kernel::kPortable && kernel_supported(Kernel::kBmi2)) return Bmi2<E>::loops();
 #endif
-  (void)maxbits;
   return Portable<E>::loops();
 }
 
-// The 2-D/3-D block coder: lane-parallel for float32 coded rows under the avx512 and avx2
-// kernels, else scalar (compiled for AVX2 under those two kernels).
+// 2-D/3-D: compiled for AVX2 under the avx512 and avx2 kernels.
 template <int D, Elem E>
 Loops nd_loops(Kernel k) {
 #if defined(__x86_64__)
-  if constexpr (E != Elem::kF64) {
-    if (k == Kernel::kAvx512) return NdLanesAvx512<D, E>::loops();
-    if (k == Kernel::kAvx2) return NdLanesAvx2<D, E>::loops();
-  }
   if (k == Kernel::kAvx512 || k == Kernel::kAvx2) return NdAvx2<D, E>::loops();
 #endif
   (void)k;
@@ -129,18 +46,26 @@ Loops nd_loops(Kernel k) {
 }
 
 template <Elem E>
-Loops loops_dims(Kernel k, int maxbits, int dims) {
+Loops loops_dims(Kernel k, int dims) {
   if (dims == 2) return nd_loops<2, E>(k);
   if (dims == 3) return nd_loops<3, E>(k);
-  return loops_for<E>(k, maxbits);
+  return loops_for<E>(k);
 }
 
 Loops loops(Kernel k, Elem type, int maxbits, int dims) {
+#if defined(__x86_64__)
+  if (type != Elem::kF64) {  // the lane coder codes float32
+    if (k == Kernel::kAvx512)
+      return dims == 1 ? avx512_lanes_1d(type, maxbits) : avx512_lanes_nd(type, dims);
+    if (k == Kernel::kAvx2)
+      return dims == 1 ? avx2_lanes_1d(type, maxbits) : avx2_lanes_nd(type, dims);
+  }
+#endif
   switch (type) {
-    case Elem::kF32: return loops_dims<Elem::kF32>(k, maxbits, dims);
-    case Elem::kF64: return loops_dims<Elem::kF64>(k, maxbits, dims);
-    case Elem::kBF16: return loops_dims<Elem::kBF16>(k, maxbits, dims);
-    default: return loops_dims<Elem::kF16>(k, maxbits, dims);
+    case Elem::kF32: return loops_dims<Elem::kF32>(k, dims);
+    case Elem::kF64: return loops_dims<Elem::kF64>(k, dims);
+    case Elem::kBF16: return loops_dims<Elem::kBF16>(k, dims);
+    default: return loops_dims<Elem::kF16>(k, dims);
   }
 }
 
