@@ -79,10 +79,12 @@ test-mpi: setup-mpi
 	$(MPI_ENV) $(MPIRUN) -np 4 $(MPI_PYTEST)
 
 # The quick suite on two pytest-xdist workers, a test module (its module fixtures: shared training
-# runs) on one worker. (xdist's loadgroup marks do not group under pytest 9: it sets a node id
-# attribute pytest no longer reads.)
+# runs) on one worker, in the order tests/conftest.py gives (longest first; xdist's own reorder
+# would put the modules with the fewest tests, the multi-process ones, last). (xdist's loadgroup
+# marks do not group under pytest 9: it sets a node id attribute pytest no longer reads.)
 test: setup setup-mpi
-	$(XLA_HOST8) $(PYTEST) -q -n 2 --dist loadscope --durations=25 -m "not slow and not mpi"
+	$(XLA_HOST8) $(PYTEST) -q -n 2 --dist loadscope --no-loadscope-reorder --durations=25 \
+	  -m "not slow and not mpi"
 	@$(MAKE) --no-print-directory test-mpi
 
 test-all: setup setup-mpi
