@@ -7,6 +7,14 @@ a few runs after a warm-up; GB/s of raw values per device. Links (``--links``): 
 all_gather over every local device (shard_map) at four message sizes (4 KiB to 2 MiB per
 device); the ring model t = (k - 1) (latency + bytes / bandwidth) fitted through them (least
 squares). Both go into a one-node cluster file the planner reads.
+
+``--links`` also measures the collectives a step runs (`GROUP_OPS`: all-gather, reduce-scatter,
+the all-to-all that moves a compressed reduce-scatter's payloads, all-reduce) over groups of
+every size k dividing the local devices, all groups at once (every device busy, as a data
+sub-axis runs): one op in a jitted program less the same program without it, best of a few runs,
+at four sizes (`GROUP_VALUES`: 256 KiB to 16 MiB per device); a latency and bandwidth per op and
+k fitted through them (`fit_link`) go into ``links.collectives``. On XLA:CPU's in-process
+collectives these differ by op and group size far more than one link's figures can say.
 """
 
 from __future__ import annotations
@@ -141,6 +149,110 @@ def link_fit(sizes=LINK_SIZES, repeats: int = 5) -> dict:
     }
 
 
+# The collectives `group_fit` times on this machine, and the ring steps of each one's latency
+# term: jaxhc's XLA transport moves a compressed reduce-scatter's payloads by an all-to-all and
+# agrees on its fallback flag by a tiny all-reduce (the "psum" entry's latency).
+GROUP_OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
+GROUP_VALUES = (2**16, 2**19, 2**21, 2**22)  # float32 values of the op's larger buffer, per device
+
+
+def ring_bytes(op: str, k: int, values: int) -> tuple[int, float]:
+    """(latency steps, ring bytes per device) of `op` over k ranks whose larger buffer holds
+    `values` float32 (an all-gather's output, the others' input)."""
+    n = 4 * values
+    return {
+        "all_gather": (k - 1, (k - 1) / k * n),
+        "psum_scatter": (k - 1, (k - 1) / k * n),
+        "all_to_all": (k - 1, (k - 1) / k * n),
+        "psum": (2 * (k - 1), 2 * (k - 1) / k * n),
+    }[op]
+
+
+def _op_program(op: str | None, k: int, values: int, devices):
+    """A jitted program of one `op` over groups of k consecutive devices (all local devices at
+    once, len(devices) / k groups; None: no op, the first value back) and its input."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.asarray(devices).reshape(-1, k), ("o", "g"))
+    size = values // k if op == "all_gather" else values
+
+    def body(v):
+        if op == "all_gather":
+            return lax.all_gather(v, "g", tiled=True)
+        if op == "psum_scatter":
+            return lax.psum_scatter(v, "g", tiled=True)
+        if op == "all_to_all":
+            return lax.all_to_all(v.reshape(k, -1), "g", 0, 0).reshape(-1)
+        if op == "psum":
+            return lax.psum(v, "g")
+        return v[:1]
+
+    spec = P(("o", "g"))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+    x = jax.device_put(jnp.asarray(walk(len(devices) * size)), NamedSharding(mesh, spec))
+    return lambda: f(x)
+
+
+def op_seconds(op: str, k: int, values: int, repeats: int = 5, devices=None) -> float:
+    """Seconds of one `op` over groups of k consecutive local devices (every device busy, as a
+    data sub-axis runs) with `values` float32 in its larger buffer per device: the best run of a
+    program of that op less the best of the same program without it (its launch)."""
+    import jax
+
+    devs = list(devices or jax.devices())
+    with_op = _best(_op_program(op, k, values, devs), repeats)
+    launch = _best(_op_program(None, k, values, devs), repeats)
+    return max(with_op - launch, 0.0)
+
+
+def fit_link(op: str, k: int, values, seconds) -> dict:
+    """Latency and bandwidth of t = steps x latency + ring bytes / bandwidth (`ring_bytes`)
+    through the (values, seconds) whose seconds are > 0 (a difference of two runs can come out
+    0), least squares in relative error; a negative latency is refitted as 0."""
+    pts = [(ring_bytes(op, k, v), t) for v, t in zip(values, seconds, strict=True) if t > 0]
+    if len(pts) < 2:
+        raise ValueError(f"profile: {op} over {k} ranks: fewer than 2 sizes took measurable time")
+    a = np.array([[steps, wire] for (steps, wire), _ in pts], float)
+    t = np.array([s for _, s in pts], float)
+    w = 1 / t
+    (lat, inv_bw), *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
+    if lat < 0:
+        lat = 0.0
+        inv_bw = float(np.sum(a[:, 1] * t * w * w) / np.sum((a[:, 1] * w) ** 2))
+    bw = 1 / inv_bw if inv_bw > 0 else float("inf")
+    return {"gbit_s": float(bw * 8 / 1e9), "latency_us": float(lat * 1e6)}
+
+
+def group_fit(
+    ops=GROUP_OPS, values=GROUP_VALUES, repeats: int = 5, devices=None, sizes=None
+) -> dict:
+    """{op: {k: {"gbit_s", "latency_us", "seconds": {values: s}}}}: each collective of `ops` timed
+    (`op_seconds`) over groups of every size k (`sizes`, default every divisor > 1 of the local
+    device count) at `values`, and `fit_link` through the times. What one node's collectives cost
+    where a flat latency / bandwidth describes them badly (XLA:CPU's in-process collectives: a
+    group of 2 or 4 among 8 devices is not a quarter of the full group's cost)."""
+    import jax
+
+    from jaxhc.host_memory import reuse_freed_memory
+
+    reuse_freed_memory()
+    devs = list(devices or jax.devices())
+    sizes = sizes or [k for k in range(2, len(devs) + 1) if len(devs) % k == 0]
+    out: dict = {}
+    for op in ops:
+        out[op] = {}
+        for k in sizes:
+            secs = [op_seconds(op, k, v, repeats, devs) for v in values]
+            fit = fit_link(op, k, values, secs)
+            fit["seconds"] = {str(v): s for v, s in zip(values, secs, strict=True)}
+            out[op][k] = fit
+    return out
+
+
 def memory_gib(devices: int) -> float:
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
@@ -166,17 +278,29 @@ def profile(
     if links:
         fit = link_fit(repeats=repeats + 2)
         intra = {"gbit_s": round(fit["gbit_s"], 3), "latency_us": round(fit["latency_us"], 1)}
-        how = f"links measured (all_gather over {fit['ranks']} devices)"
+        table = {
+            op: {
+                k: {x: float(f"{f[x]:.4g}") for x in ("gbit_s", "latency_us")}
+                for k, f in ks.items()
+            }
+            for op, ks in group_fit(repeats=repeats + 2).items()
+        }
+        how = (
+            f"links measured (all_gather over {fit['ranks']} devices; links.collectives: "
+            f"{', '.join(GROUP_OPS)} over groups of every size at once, one op less its launch)"
+        )
+        link_keys = {"intra": intra, "collectives": table}
     else:
         intra = dict(LOCAL_DEFAULTS["links"]["intra"])
         how = "links: jaxhc.plan.cluster.LOCAL_DEFAULTS (not measured; --links measures them)"
+        link_keys = {"intra": intra}
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return {
         "name": "local",
         "nodes": 1,
         "devices_per_node": devices,
         "memory_gib": round(memory_gib(devices), 2),
-        "links": {"intra": intra},
+        "links": link_keys,
         "codecs": codecs,
         "source": f"jaxhc profile: codecs measured ({mib:g} MiB float32 on each of {devices} "
         f"devices at once, best of {repeats}); "
