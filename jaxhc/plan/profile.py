@@ -12,7 +12,7 @@ squares). Both go into a one-node cluster file the planner reads.
 the all-to-all that moves a compressed reduce-scatter's payloads, all-reduce) over groups of
 every size k dividing the local devices, all groups at once (every device busy, as a data
 sub-axis runs): one op in a jitted program less the same program without it, best of a few runs,
-at four sizes (`GROUP_VALUES`: 1 to 16 MiB per device); a latency and bandwidth per op and
+at four sizes (`GROUP_VALUES`: 1 to 8 MiB per device); a latency and bandwidth per op and
 k fitted through them (`fit_link`) go into ``links.collectives``. On XLA:CPU's in-process
 collectives these differ by op and group size far more than one link's figures can say.
 """
@@ -188,9 +188,10 @@ def link_fit(sizes=LINK_SIZES, repeats: int = 5) -> dict:
 # term: jaxhc's XLA transport moves a compressed reduce-scatter's payloads by an all-to-all and
 # agrees on its fallback flag by a tiny all-reduce (the "psum" entry's latency).
 GROUP_OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
-# float32 values of the op's larger buffer per device, 1 to 16 MiB: the messages of a data-parallel
-# step, beyond the caches (smaller ones move faster a byte here: a fit through both misses both)
-GROUP_VALUES = (2**18, 2**19, 2**21, 2**22)
+# float32 values of the op's larger buffer per device, 1 to 8 MiB: the messages of a data-parallel
+# step beyond the caches (smaller ones move faster a byte here: a fit through both misses both);
+# 16 MiB ones, with everything else a bench keeps alive, ran up to 2x slower a byte (measured)
+GROUP_VALUES = (2**18, 2**19, 2**20, 2**21)
 
 
 def ring_bytes(op: str, k: int, values: int) -> tuple[int, float]:
