@@ -17,7 +17,8 @@
    a GPT of ~3.24 M parameters (`jaxhc.plan.cost.collectives`, the step's order: gradient
    reduce-scatters, all-gathers back, parameter all-gathers; equal to the ledger's bytes), run alone
    through jaxhc's collectives in one jitted shard_map over the nested data sub-axes, raw and under
-   zfp:8 on every data level.
+   zfp:8 on every data level; the update's parameter all-gather gathers a chunk given as an input
+   (as the step gathers its optimizer's chunk), not a cut of the gathered gradient (a copy).
 3. Every program of 1 and 2 is compiled and run once, then timed in --repeats rounds, each running
    every program once in turn (`jaxhc.plan.profile.rounds`): the machine's other jobs come and go,
    and this way calibration and plans see the same spells of load. A plan's measured time is
@@ -84,19 +85,37 @@ def data_comms(shape, lay: Layout, cluster, policy):
     return comms, sum(c.seconds(cluster) for c in comms)
 
 
-def chain(comms, policy):
-    """A per-shard function running `comms` in order through jaxhc's collectives."""
-    pol = jaxhc.Policy.from_dict(policy) if policy else None
+def update_gather(comms) -> int | None:
+    """The index of the update's first parameter all-gather (the first "param" collective after
+    a gradient one), or None."""
+    after = [
+        i for i, c in enumerate(comms) if c.kind == "param" and i and comms[i - 1].kind == "grad"
+    ]
+    return after[0] if after else None
 
-    def body(x):
-        v = x.reshape(-1)
-        for c in comms:
-            v = v[: c.message]  # after the gradient steps, the update's chunk: what jaxhc gathers
+
+def chain(comms, policy, chunk: bool = False):
+    """A per-shard function running `comms` in order through jaxhc's collectives. Each takes the
+    previous one's result, cut to its message (the gradient's all-gather back, then the update's
+    chunk). With `chunk`, the function takes a second input, the device's updated chunk, which
+    the update's first parameter all-gather gathers (`update_gather`), as the train step gathers
+    its optimizer's chunk: a cut of the gathered gradient would add a copy the step does not make.
+    """
+    pol = jaxhc.Policy.from_dict(policy) if policy else None
+    own = update_gather(comms) if chunk else None
+
+    def body(x, *update):
+        v, grads = x.reshape(-1), None
+        for i, c in enumerate(comms):
+            if i == own:
+                grads, v = v, update[0].reshape(-1)
+            v = v[: c.message]
             if c.op == "psum_scatter":
                 v = jaxhc.psum_scatter(v, c.axis, tiled=True, policy=pol, kind=c.kind)
             else:
                 v = jaxhc.all_gather(v, c.axis, tiled=True, policy=pol, kind=c.kind)
-        return v[None]
+        # a value of the gradients' result too, or XLA drops their collectives as unused
+        return v[None], (v if grads is None else grads)[:1][None]
 
     return body
 
@@ -116,22 +135,33 @@ def program(comms, lay: Layout, policy, inputs: dict):
     devs = np.asarray(jax.devices()[: lay.data * lay.tensor]).reshape(*factors, lay.tensor)
     mesh = Mesh(devs, (*names, "tensor"))
     _, padded = device_params(from_gpt("m", MODEL), lay)
-    body = chain(comms, policy)
     spec = P((*names, "tensor"))
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
-    key = (lay.data, lay.tensor)
-    if key not in inputs:  # the same devices in the same order for every plan of this shape
-        walk = profile.walk(padded * lay.data * lay.tensor, seed=1)
-        inputs[key] = jax.device_put(jnp.asarray(walk), NamedSharding(mesh, spec))
-    x = inputs[key]
+    own = update_gather(comms)
+    args = []
+    for values in (padded, *([] if own is None else [comms[own].message])):
+        key = (lay.data, lay.tensor, values)
+        if key not in inputs:  # the same devices in the same order for every plan of this shape
+            walk = profile.walk(values * lay.data * lay.tensor, seed=len(inputs) + 1)
+            inputs[key] = jax.device_put(jnp.asarray(walk), NamedSharding(mesh, spec))
+        args.append(inputs[key])
+    f = jax.jit(
+        jax.shard_map(
+            chain(comms, policy, chunk=True),
+            mesh=mesh,
+            in_specs=(spec,) * len(args),
+            out_specs=(spec, spec),
+            check_vma=False,
+        )
+    )
+    x = args[0]
     ledger = jaxhc.accounting.Ledger()
     with ledger:
-        jax.block_until_ready(f(x))
+        jax.block_until_ready(f(*args))
     wire = sum(v["wire_bytes"] for v in ledger.per_axis(devices=lay.data * lay.tensor).values())
     launch = jax.jit(
         jax.shard_map(lambda v: v[:1], mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
     )
-    return (lambda: f(x)), (lambda: launch(x)), wire
+    return (lambda: f(*args)), (lambda: launch(x)), wire
 
 
 def plan_row(lay: Layout, policy, comms, predicted, best, median, wire, by: str) -> dict:
