@@ -99,7 +99,8 @@ def chain(comms, policy, chunk: bool = False):
     previous one's result, cut to its message (the gradient's all-gather back, then the update's
     chunk). With `chunk`, the function takes a second input, the device's updated chunk, which
     the update's first parameter all-gather gathers (`update_gather`), as the train step gathers
-    its optimizer's chunk: a cut of the gathered gradient would add a copy the step does not make.
+    its optimizer's chunk: a cut of the gathered gradient would add a copy the step does not make;
+    it returns (the result, a value of the gradients' result).
     """
     pol = jaxhc.Policy.from_dict(policy) if policy else None
     own = update_gather(comms) if chunk else None
@@ -114,6 +115,8 @@ def chain(comms, policy, chunk: bool = False):
                 v = jaxhc.psum_scatter(v, c.axis, tiled=True, policy=pol, kind=c.kind)
             else:
                 v = jaxhc.all_gather(v, c.axis, tiled=True, policy=pol, kind=c.kind)
+        if not chunk:
+            return v[None]
         # a value of the gradients' result too, or XLA drops their collectives as unused
         return v[None], (v if grads is None else grads)[:1][None]
 
