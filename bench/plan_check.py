@@ -71,6 +71,19 @@ PLANS = [  # (data, tensor, (s_p, s_g, s_os), levels)
     (4, 2, (1, 4, 4), (4,)),
 ]
 ZDATA = {"name": "zdata", "min_bytes": 0, "axes": {"data": "zfp:8"}}
+METHOD = (
+    "A machine profile, measured in the same process and rounds as the plans but from other "
+    "programs and sizes, nothing fitted to a plan: zfp:8 encode/decode speed = 4 MiB float32 on "
+    "each of the 8 devices at once (profile.codec_programs); links.collectives = for each of "
+    "all_gather, psum_scatter, all_to_all, psum (plain lax, float32) and group size k = 2, 4, 8 "
+    "(8/k groups of consecutive devices at once), one op in a jitted program less the same "
+    "program without it at 2**18, 2**19, 2**20, 2**21 float32 per device (the op's larger "
+    "buffer), and t = steps x latency + ring bytes / bandwidth fitted through the four (least "
+    "squares in relative error; profile.group_programs, fit_link); links.intra = all_gather k=8. "
+    "Every program (calibration and plans) timed in --repeats rounds, each running every program "
+    "once (profile.rounds); a plan's time = its program's run less the best run of the same "
+    "program without the collectives (its launch); best and median."
+)
 
 
 def data_comms(shape, lay: Layout, cluster, policy):
@@ -264,6 +277,7 @@ def main(argv=None) -> int:
         row = plan_row(lay, policy, comms, predicted, best, median, wire, "best")
         row.update(program_best_s=min(t), program_median_s=statistics.median(t), launch_s=launch)
         rows.append(row)
+    calibration["method"] = METHOD
     calibration["load_average"] = {"before": load_before, "after": os.getloadavg()}
     calibration["repeats"] = args.repeats
     write_report(args.out, shape, calibration, cluster, rows, "best")
