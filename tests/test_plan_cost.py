@@ -345,6 +345,10 @@ def test_search_ranks_rejects_and_marks():
             "links.collectives.psum must be a mapping",
         ),
         (
+            {"nodes": 1, "links": {"intra": INTRA, "collectives": {"psum": 5}}},
+            "links.collectives.psum must be a mapping",
+        ),
+        (
             {
                 "nodes": 1,
                 "links": {

@@ -23,7 +23,7 @@ collectives, where a group of 2 among 8 devices moves a byte slower than the gro
     links:
       intra: {gbit_s: 19.5, latency_us: 20}
       collectives:
-        all_gather: {2: {gbit_s: 4.7, latency_us: 279}, 8: {gbit_s: 22, latency_us: 8.6}}
+        all_gather: {2: {gbit_s: 11, latency_us: 0}, 8: {gbit_s: 25, latency_us: 18}}
 
 A collective whose group fits a node takes its op's figures for its group size when given
 (`Cluster.collective_link`), else ``links.intra``.
@@ -224,7 +224,9 @@ def _collectives(table, per_node: int) -> dict:
     out = {}
     for op, sizes in _mapping("links.collectives", table, COLLECTIVE_OPS).items():
         where = f"links.collectives.{op}"
-        for k, figures in _mapping(where, sizes, tuple(sizes)).items():
+        if not isinstance(sizes, dict):
+            raise ValueError(f"{where} must be a mapping, got {sizes!r}")
+        for k, figures in sizes.items():
             ranks = int(k) if isinstance(k, str) and k.isdigit() else k
             if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
                 raise ValueError(f"{where}.{k}: a group size must be an integer >= 2")
