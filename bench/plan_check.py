@@ -1,20 +1,38 @@
 """The planner's collective time against a measurement on this machine's 8 CPU devices.
 
-    .venv/bin/python bench/plan_check.py [--repeats 7] [--out bench/results/plan_check.json]
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+        .venv/bin/python bench/plan_check.py [--repeats 15] [--out bench/results/plan_check.json]
 
-1. Calibrate: `jaxhc.plan.profile` measures zfp:8's encode/decode speed (4 MiB on each of the 8
-   devices at once: they share the cores) and fits the
-   links' latency and bandwidth from two plain all-gathers over the 8 devices (what `jaxhc profile
-   --links` does): a one-node cluster.
+1. Calibrate (a machine profile, the programs of `jaxhc profile --links`, not the checked ones):
+   - zfp:8's encode and decode speed: 4 MiB of float32 on each of the 8 devices at once (they
+     share the cores, as a collective's codecs do), `jaxhc.plan.profile.codec_programs`;
+   - per collective op (all-gather, reduce-scatter, all-to-all, all-reduce; plain lax
+     collectives, float32) and group size k = 2, 4, 8 (8 / k groups of consecutive devices at
+     once): one op in a jitted program less the same program without it, at 1, 2, 4 and 8 MiB
+     per device (`GROUP_VALUES`; the plans' messages are 1.6 to 13 MB, none of these sizes), and
+     a latency + bandwidth fitted through the four (`fit_link`, least squares in relative
+     error) into the cluster's ``links.collectives``; ``links.intra`` = the all-gather's k = 8.
+   Nothing is fitted to a plan: every figure comes from the programs above.
 2. For each plan (data = 8, and data 4 x tensor 2), the data-axis collectives of one train step of
    a GPT of ~3.24 M parameters (`jaxhc.plan.cost.collectives`, the step's order: gradient
    reduce-scatters, all-gathers back, parameter all-gathers; equal to the ledger's bytes), run alone
    through jaxhc's collectives in one jitted shard_map over the nested data sub-axes, raw and under
-   zfp:8 on every data level; best and median of --repeats runs after a warm-up.
-3. Predicted (the cost model on the calibrated cluster) against measured; the ledger's wire bytes
-   against the predicted bytes. "within_25pct" compares the best run.
+   zfp:8 on every data level; the update's parameter all-gather gathers a chunk given as an input
+   (as the step gathers its optimizer's chunk), not a cut of the gathered gradient (a copy).
+3. Every program of 1 and 2 is compiled and run once, then timed in --repeats rounds, each running
+   every program once in turn (`jaxhc.plan.profile.rounds`): the machine's other jobs come and go,
+   and this way calibration and plans see the same spells of load. A plan's measured time is
+   its program's best (or median) run less the best run of the same program without the
+   collectives (its launch, ~0.2-0.4 ms, as the profile's op times are taken); the JSON keeps
+   both. Plans of one data x tensor shape share one input: the process's footprint slows the
+   collectives here (2 GB more made a chain 1.2-1.4x slower).
+4. Predicted (the cost model on the calibrated cluster: per op and group size its measured
+   figures, a compressed reduce-scatter's payloads at the all-to-all's, the fallback flag's
+   agreement at the all-reduce's latency, codec time at the measured speeds) against measured;
+   the ledger's wire bytes against the predicted bytes. "within_25pct" compares the best run.
 
-The machine's other jobs change the numbers: the JSON records the load average before and after.
+The JSON records the calibration (every op's times and fit), the load average before and after
+(this run's own 8 device threads add to the "after").
 """
 
 from __future__ import annotations
@@ -23,7 +41,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -35,6 +52,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxhc  # noqa: E402
+from jaxhc.host_memory import reuse_freed_memory  # noqa: E402
 from jaxhc.model.config import GPTConfig  # noqa: E402
 from jaxhc.plan import cluster as clusters  # noqa: E402
 from jaxhc.plan import profile  # noqa: E402
@@ -53,6 +71,19 @@ PLANS = [  # (data, tensor, (s_p, s_g, s_os), levels)
     (4, 2, (1, 4, 4), (4,)),
 ]
 ZDATA = {"name": "zdata", "min_bytes": 0, "axes": {"data": "zfp:8"}}
+METHOD = (
+    "A machine profile, measured in the same process and rounds as the plans but from other "
+    "programs and sizes, nothing fitted to a plan: zfp:8 encode/decode speed = 4 MiB float32 on "
+    "each of the 8 devices at once (profile.codec_programs); links.collectives = for each of "
+    "all_gather, psum_scatter, all_to_all, psum (plain lax, float32) and group size k = 2, 4, 8 "
+    "(8/k groups of consecutive devices at once), one op in a jitted program less the same "
+    "program without it at 2**18, 2**19, 2**20, 2**21 float32 per device (the op's larger "
+    "buffer), and t = steps x latency + ring bytes / bandwidth fitted through the four (least "
+    "squares in relative error; profile.group_programs, fit_link); links.intra = all_gather k=8. "
+    "Every program (calibration and plans) timed in --repeats rounds, each running every program "
+    "once (profile.rounds); a plan's time = its program's run less the best run of the same "
+    "program without the collectives (its launch); best and median."
+)
 
 
 def data_comms(shape, lay: Layout, cluster, policy):
@@ -67,19 +98,40 @@ def data_comms(shape, lay: Layout, cluster, policy):
     return comms, sum(c.seconds(cluster) for c in comms)
 
 
-def chain(comms, policy):
-    """A per-shard function running `comms` in order through jaxhc's collectives."""
-    pol = jaxhc.Policy.from_dict(policy) if policy else None
+def update_gather(comms) -> int | None:
+    """The index of the update's first parameter all-gather (the first "param" collective after
+    a gradient one), or None."""
+    after = [
+        i for i, c in enumerate(comms) if c.kind == "param" and i and comms[i - 1].kind == "grad"
+    ]
+    return after[0] if after else None
 
-    def body(x):
-        v = x.reshape(-1)
-        for c in comms:
-            v = v[: c.message]  # after the gradient steps, the update's chunk: what jaxhc gathers
+
+def chain(comms, policy, chunk: bool = False):
+    """A per-shard function running `comms` in order through jaxhc's collectives. Each takes the
+    previous one's result, cut to its message (the gradient's all-gather back, then the update's
+    chunk). With `chunk`, the function takes a second input, the device's updated chunk, which
+    the update's first parameter all-gather gathers (`update_gather`), as the train step gathers
+    its optimizer's chunk: a cut of the gathered gradient would add a copy the step does not make;
+    it returns (the result, a value of the gradients' result).
+    """
+    pol = jaxhc.Policy.from_dict(policy) if policy else None
+    own = update_gather(comms) if chunk else None
+
+    def body(x, *update):
+        v, grads = x.reshape(-1), None
+        for i, c in enumerate(comms):
+            if i == own:
+                grads, v = v, update[0].reshape(-1)
+            v = v[: c.message]
             if c.op == "psum_scatter":
                 v = jaxhc.psum_scatter(v, c.axis, tiled=True, policy=pol, kind=c.kind)
             else:
                 v = jaxhc.all_gather(v, c.axis, tiled=True, policy=pol, kind=c.kind)
-        return v[None]
+        if not chunk:
+            return v[None]
+        # a value of the gradients' result too, or XLA drops their collectives as unused
+        return v[None], (v if grads is None else grads)[:1][None]
 
     return body
 
@@ -89,28 +141,43 @@ def mesh_axes(lay: Layout) -> tuple[str, ...]:
     return tuple(lay.axis(i) for i in reversed(range(len(lay.levels))))
 
 
-def run_comms(comms, lay: Layout, policy, repeats: int):
-    """Seconds (best, median) of the data collectives `comms`, and the ledger's wire bytes."""
+def program(comms, lay: Layout, policy, inputs: dict):
+    """A call running the data collectives `comms` (one jitted program), a call of the same
+    program without them (its launch: the first value back) and the ledger's wire bytes of one
+    run. Plans of one data x tensor shape share their input (`inputs`): the
+    process's footprint slows its collectives (2 GB more made chains 1.2-1.4x slower here)."""
     factors = lay.factors[::-1]  # outermost first
     names = mesh_axes(lay)
     devs = np.asarray(jax.devices()[: lay.data * lay.tensor]).reshape(*factors, lay.tensor)
     mesh = Mesh(devs, (*names, "tensor"))
     _, padded = device_params(from_gpt("m", MODEL), lay)
-    body = chain(comms, policy)
     spec = P((*names, "tensor"))
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
-    walk = profile.walk(padded * lay.data * lay.tensor, seed=1)
-    x = jax.device_put(jnp.asarray(walk), NamedSharding(mesh, spec))
+    own = update_gather(comms)
+    args = []
+    for values in (padded, *([] if own is None else [comms[own].message])):
+        key = (lay.data, lay.tensor, values)
+        if key not in inputs:  # the same devices in the same order for every plan of this shape
+            walk = profile.walk(values * lay.data * lay.tensor, seed=len(inputs) + 1)
+            inputs[key] = jax.device_put(jnp.asarray(walk), NamedSharding(mesh, spec))
+        args.append(inputs[key])
+    f = jax.jit(
+        jax.shard_map(
+            chain(comms, policy, chunk=True),
+            mesh=mesh,
+            in_specs=(spec,) * len(args),
+            out_specs=(spec, spec),
+            check_vma=False,
+        )
+    )
+    x = args[0]
     ledger = jaxhc.accounting.Ledger()
     with ledger:
-        jax.block_until_ready(f(x))
+        jax.block_until_ready(f(*args))
     wire = sum(v["wire_bytes"] for v in ledger.per_axis(devices=lay.data * lay.tensor).values())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(x))
-        times.append(time.perf_counter() - t0)
-    return min(times), statistics.median(times), wire
+    launch = jax.jit(
+        jax.shard_map(lambda v: v[:1], mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    )
+    return (lambda: f(*args)), (lambda: launch(x)), wire
 
 
 def plan_row(lay: Layout, policy, comms, predicted, best, median, wire, by: str) -> dict:
@@ -157,32 +224,62 @@ def write_report(out: str, shape, calibration: dict, cluster, rows: list, by: st
     )
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--out", default="bench/results/plan_check.json")
-    args = ap.parse_args(argv)
-    speeds = profile.codec_speeds(["zfp:8"], mib=4, repeats=args.repeats)
-    fit = profile.link_fit(repeats=args.repeats)
+def calibrated(times: dict, facts: dict) -> tuple[dict, object]:
+    """The calibration (codec speeds, per-op group figures) from the rounds' times, and the
+    one-node cluster it makes."""
+    speeds = profile.codec_figures(times, facts)["zfp:8"]
+    groups = profile.group_figures(times)
+    table = {
+        op: {k: {x: f[x] for x in ("gbit_s", "latency_us")} for k, f in by_k.items()}
+        for op, by_k in groups.items()
+    }
     cluster = clusters.from_dict(
         {
-            "name": "this machine",
+            "name": "this machine (8 host devices, in-process collectives)",
             "nodes": 1,
             "devices_per_node": 8,
             "memory_gib": 1,
-            "links": {"intra": {"gbit_s": fit["gbit_s"], "latency_us": fit["latency_us"]}},
-            "codecs": {"zfp:8": {k: speeds["zfp:8"][k] for k in ("encode_gb_s", "decode_gb_s")}},
+            # the flat level figures: all-gathers over the 8 devices (`jaxhc profile --links`)
+            "links": {"intra": table["all_gather"][8], "collectives": table},
+            "codecs": {"zfp:8": {k: speeds[k] for k in ("encode_gb_s", "decode_gb_s")}},
         }
     )
+    return {"collectives": groups, "zfp:8": speeds}, cluster
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--out", default="bench/results/plan_check.json")
+    args = ap.parse_args(argv)
+    reuse_freed_memory()  # as `jaxhc train` and `jaxhc profile` run, before anything is timed
+    load_before = os.getloadavg()
+    programs, facts = profile.codec_programs(["zfp:8"], mib=4)
+    programs.update(profile.group_programs())
     shape = from_gpt("gpt-3m", MODEL)
-    rows = []
+    node = clusters.local(8)  # the comms depend on the node's shape only, not on its speeds
+    cases, inputs = [], {}
     for data, tensor, sizes, levels in PLANS:
         for policy in (None, ZDATA):
             lay = Layout(data, tensor, 1, 1, *sizes, levels)
-            comms, predicted = data_comms(shape, lay, cluster, policy)
-            best, median, wire = run_comms(comms, lay, policy, args.repeats)
-            rows.append(plan_row(lay, policy, comms, predicted, best, median, wire, "best"))
-    calibration = {"links": fit, "zfp:8": speeds["zfp:8"]}
+            comms, _ = data_comms(shape, lay, node, policy)
+            call, launch, wire = program(comms, lay, policy, inputs)
+            programs[("plan", len(cases))] = call
+            programs[("plan launch", len(cases))] = launch
+            cases.append((lay, policy, comms, wire))
+    times = profile.rounds(programs, args.repeats)
+    calibration, cluster = calibrated(times, facts)
+    rows = []
+    for i, (lay, policy, comms, wire) in enumerate(cases):
+        predicted = sum(c.seconds(cluster) for c in comms)
+        t, launch = times[("plan", i)], min(times[("plan launch", i)])
+        best, median = min(t) - launch, statistics.median(t) - launch
+        row = plan_row(lay, policy, comms, predicted, best, median, wire, "best")
+        row.update(program_best_s=min(t), program_median_s=statistics.median(t), launch_s=launch)
+        rows.append(row)
+    calibration["method"] = METHOD
+    calibration["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    calibration["repeats"] = args.repeats
     write_report(args.out, shape, calibration, cluster, rows, "best")
     return 0
 

@@ -384,7 +384,7 @@ def _profile_parser(sub) -> None:
     p.add_argument(
         "--links",
         action="store_true",
-        help="also time all-gathers over the local devices (link bandwidth, latency)",
+        help="also time collectives over the local devices (link and per-op, per-group figures)",
     )
 
 

@@ -12,6 +12,7 @@ import yaml
 
 from jaxhc import cli
 from jaxhc.plan import cluster as clusters
+from jaxhc.plan.profile import GROUP_OPS
 from tests.test_cli import ROOT, jaxhc_train
 from tests.test_train import TINY
 
@@ -100,6 +101,9 @@ def test_profile_writes_a_cluster_the_planner_reads(tmp_path, capsys):
     assert set(c.codecs) == {"zfp:8", "q8"}
     assert all(s.encode > 0 and s.decode > 0 for s in c.codecs.values())
     assert c.intra.bandwidth > 0 and "links measured" in c.source and "load average" in c.source
+    # links.collectives: every op over groups of 2, 4 and 8 of the 8 devices
+    assert set(c.collectives) == {(op, k) for op in GROUP_OPS for k in (2, 4, 8)}
+    assert all(x.bandwidth > 0 and x.latency >= 0 for x in c.collectives.values())
     capsys.readouterr()
     assert (
         cli.main(

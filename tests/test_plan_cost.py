@@ -4,6 +4,7 @@ counts (which tests/test_plan.py checks against XLA and the ledger) and the stat
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 
 import pytest
@@ -40,6 +41,7 @@ CLUSTER = clusters.from_dict(
         "codecs": {"zfp:8": {"encode_gb_s": 20, "decode_gb_s": 10}},
     }
 )
+INTRA = {"gbit_s": 1, "latency_us": 1}
 ZDATA = jaxhc.Policy.from_dict({"name": "zdata", "min_bytes": 0, "axes": {"data": "zfp:8"}})
 
 
@@ -210,10 +212,80 @@ def test_time_is_latency_bandwidth_and_codec():
     z = dataclasses.replace(far, codec=jaxhc.codecs.parse("zfp:8"))
     speed = CLUSTER.codecs["zfp:8"]
     codec_s = 4 * 2**20 / speed.encode + 4 * 2**20 / speed.decode
+    agree = 2 * 3 * CLUSTER.inter.latency  # zfp may fall back: the flag's all-reduce
     assert z.seconds(CLUSTER) == pytest.approx(
-        3 * CLUSTER.inter.latency + z.wire / CLUSTER.inter.bandwidth + codec_s
+        3 * CLUSTER.inter.latency + z.wire / CLUSTER.inter.bandwidth + codec_s + agree
     )
     assert z.wire < far.raw / 3.9
+    lossless = dataclasses.replace(far, codec=jaxhc.codecs.parse("mpc"))  # never falls back
+    assert [op for op, _, _ in lossless.legs()] == ["all_to_all"]
+
+
+MEASURED = {  # links.collectives of a one-node cluster (gbit_s, latency_us), as YAML writes them
+    "psum_scatter": {2: {"gbit_s": 8, "latency_us": 100}, 4: {"gbit_s": 16, "latency_us": 50}},
+    "all_to_all": {4: {"gbit_s": 4, "latency_us": 20}},
+    "psum": {4: {"gbit_s": 20, "latency_us": 30}},
+}
+NODE = clusters.from_dict(
+    {
+        "nodes": 1,
+        "devices_per_node": 4,
+        "memory_gib": 1,
+        "links": {"intra": {"gbit_s": 800, "latency_us": 2}, "collectives": MEASURED},
+        "codecs": {"zfp:8": {"encode_gb_s": 20, "decode_gb_s": 10}},
+    }
+)
+
+
+def test_measured_collectives_time_their_op_and_group_size():
+    n = 1 << 20  # float32 values in
+    raw = Comm("data", "grad", "psum_scatter", 4, 4, n, 4, 1)
+    assert raw.seconds(NODE) == pytest.approx(3 * 50e-6 + 3 / 4 * 4 * n / 2e9)
+    pair = dataclasses.replace(raw, ranks=2, span=2)
+    assert pair.seconds(NODE) == pytest.approx(1 * 100e-6 + 1 / 2 * 4 * n / 1e9)
+    # no figures for all_gather: the intra link, as without the table
+    gather = Comm("data", "grad", "all_gather", 4, 4, n // 4, 4, 1)
+    assert gather.seconds(NODE) == pytest.approx(3 * 2e-6 + 3 * n / 100e9)
+    # zfp:8: the payloads by the all-to-all, the flag's agreement by the psum, plus the codec
+    z = dataclasses.replace(raw, codec=jaxhc.codecs.parse("zfp:8"))
+    payload = 3 * jaxhc.codecs.parse("zfp:8").payload_bytes(n // 4, "float32")
+    assert z.wire == payload + 4 * 3
+    assert z.legs() == [("all_to_all", 3, payload), ("psum", 6, 12)]
+    expected = 3 * 20e-6 + payload / 0.5e9 + 6 * 30e-6 + 12 / 2.5e9 + 4 * n / 20e9 + 4 * n / 10e9
+    assert z.seconds(NODE) == pytest.approx(expected)
+    # a compressed all-reduce moves half its payload by the all-to-all, half by the all-gather
+    zsum = dataclasses.replace(z, op="psum")
+    ops = [op for op, _, _ in zsum.legs()]
+    assert ops == ["all_to_all", "all_gather", "psum"]
+    assert sum(b for _, _, b in zsum.legs()[:2]) == zsum.wire - 12
+
+
+def test_measured_collectives_apply_inside_a_node_only():
+    data = {**NODE.to_dict(), "nodes": 2, "devices_per_node": 4}
+    data["links"] = {**data["links"], "inter": {"gbit_s": 8, "latency_us": 10}}
+    wide = clusters.from_dict(data)
+    inside = Comm("data", "grad", "psum_scatter", 4, 4, 1 << 20, 4, 1)
+    across = dataclasses.replace(inside, span=8)
+    link = wide.collective_link("psum_scatter", 4, 4)
+    assert (link.bandwidth, link.latency) == pytest.approx((2e9, 50e-6))
+    assert wide.collective_link("psum_scatter", 4, 8) is None
+    assert across.seconds(wide) == pytest.approx(3 * 10e-6 + 3 / 4 * 4 * 2**20 / 1e9)
+    assert inside.seconds(wide) == inside.seconds(NODE)
+
+
+def test_measured_collectives_round_trip_yaml_and_json(tmp_path):
+    path = tmp_path / "node.yaml"
+    NODE.dump(str(path))
+    back = clusters.load(str(path))
+    assert back.collectives == NODE.collectives
+    assert set(NODE.collectives) == {
+        ("psum_scatter", 2),
+        ("psum_scatter", 4),
+        ("all_to_all", 4),
+        ("psum", 4),
+    }
+    as_json = json.loads(json.dumps(NODE.to_dict()))  # group sizes become strings
+    assert clusters.from_dict(as_json).collectives == NODE.collectives
 
 
 def test_search_ranks_rejects_and_marks():
@@ -264,6 +336,58 @@ def test_search_ranks_rejects_and_marks():
         ({"codecs": {"zfp:1": {"encode_gb_s": 1, "decode_gb_s": 1}}}, "codecs.zfp:1"),
         ({"codecs": {"q8": {"encode_gb_s": 1}}}, "codecs.q8.decode_gb_s is missing"),
         ({"color": "blue"}, "unknown cluster key color"),
+        (
+            {"nodes": 1, "links": {"intra": INTRA, "collectives": {"reduce": {}}}},
+            "unknown cluster key links.collectives.reduce",
+        ),
+        (
+            {"nodes": 1, "links": {"intra": INTRA, "collectives": {"psum": []}}},
+            "links.collectives.psum must be a mapping",
+        ),
+        (
+            {"nodes": 1, "links": {"intra": INTRA, "collectives": {"psum": 5}}},
+            "links.collectives.psum must be a mapping",
+        ),
+        (
+            {
+                "nodes": 1,
+                "links": {
+                    "intra": INTRA,
+                    "collectives": {"psum": {1: {"gbit_s": 1, "latency_us": 1}}},
+                },
+            },
+            "links.collectives.psum.1: a group size must be an integer >= 2",
+        ),
+        (
+            {
+                "nodes": 1,
+                "links": {
+                    "intra": INTRA,
+                    "collectives": {"all_gather": {8: {"gbit_s": 1, "latency_us": 1}}},
+                },
+            },
+            "links.collectives.all_gather.8: a group of 8 ranks does not fit a node of 4",
+        ),
+        (
+            {
+                "nodes": 1,
+                "links": {
+                    "intra": INTRA,
+                    "collectives": {"all_to_all": {"4": {"gbit_s": 1}}},
+                },
+            },
+            "links.collectives.all_to_all.4.latency_us is missing",
+        ),
+        (
+            {
+                "nodes": 1,
+                "links": {
+                    "intra": INTRA,
+                    "collectives": {"psum": {4: {"gbit_s": 0, "latency_us": 1}}},
+                },
+            },
+            "links.collectives.psum.4.gbit_s=0 must be > 0",
+        ),
     ],
 )
 def test_cluster_file_errors_name_the_key(change, message):

@@ -14,6 +14,19 @@ source: assumed / measured by `jaxhc profile` ...   # free text, kept
 ```
 A single-node cluster may omit ``links.inter``. `jaxhc profile` writes such a file for this
 machine. Bad input is one line naming the key.
+
+Optionally ``links.collectives`` gives one node's collectives their own figures, per op
+(`COLLECTIVE_OPS`) and group size (ranks, at most ``devices_per_node``), where one latency and
+bandwidth describe them badly (`jaxhc profile --links` measures them: XLA:CPU's in-process
+collectives, where a group of 2 among 8 devices moves a byte slower than the group of 8)::
+
+    links:
+      intra: {gbit_s: 19.5, latency_us: 20}
+      collectives:
+        all_gather: {2: {gbit_s: 11, latency_us: 0}, 8: {gbit_s: 25, latency_us: 18}}
+
+A collective whose group fits a node takes its op's figures for its group size when given
+(`Cluster.collective_link`), else ``links.intra``.
 """
 
 from __future__ import annotations
@@ -26,6 +39,9 @@ import yaml
 from jaxhc.codecs import parse
 
 TOP_KEYS = ("name", "nodes", "devices_per_node", "memory_gib", "links", "codecs", "source")
+# What moves a collective's bytes inside a node (`jaxhc.plan.cost.Comm.legs`): a compressed
+# reduce-scatter's payloads go by an all-to-all, a fallback flag's agreement by a tiny all-reduce.
+COLLECTIVE_OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +79,7 @@ class Cluster:
     inter: Link
     codecs: dict  # codec spec -> CodecSpeed
     source: str = ""
+    collectives: dict = dataclasses.field(default_factory=dict)  # (op, ranks) -> Link, in a node
 
     @property
     def devices(self) -> int:
@@ -71,6 +88,13 @@ class Cluster:
     def link(self, devices_spanned: int) -> Link:
         """The links of a collective whose group spans `devices_spanned` consecutive devices."""
         return self.intra if devices_spanned <= self.devices_per_node else self.inter
+
+    def collective_link(self, op: str, ranks: int, devices_spanned: int) -> Link | None:
+        """``links.collectives``' figures for `op` over `ranks` ranks when its group fits a node
+        and the file gives them, else None (the level's `link` applies)."""
+        if devices_spanned > self.devices_per_node:
+            return None
+        return self.collectives.get((op, ranks))
 
     def speed(self, spec: str) -> CodecSpeed:
         key = parse(spec).spec
@@ -93,6 +117,11 @@ class Cluster:
             "links": {"intra": self.intra.to_dict(), "inter": self.inter.to_dict()},
             "codecs": {k: v.to_dict() for k, v in self.codecs.items()},
         }
+        if self.collectives:
+            table: dict = {}
+            for (op, k), link in self.collectives.items():
+                table.setdefault(op, {})[k] = link.to_dict()
+            out["links"]["collectives"] = table
         if self.source:
             out["source"] = self.source
         return out
@@ -155,7 +184,7 @@ def from_dict(data, where: str = "cluster") -> Cluster:
     nodes = _count("nodes", data["nodes"])
     per_node = _count("devices_per_node", data["devices_per_node"])
     memory = _number("memory_gib", data["memory_gib"]) * 2**30
-    links = _mapping("links", data["links"], ("intra", "inter"))
+    links = _mapping("links", data["links"], ("intra", "inter", "collectives"))
     if "intra" not in links:
         raise ValueError(f"{where}: cluster key links.intra is missing")
     intra = _link("links.intra", links["intra"])
@@ -165,6 +194,7 @@ def from_dict(data, where: str = "cluster") -> Cluster:
         inter = intra
     else:
         raise ValueError(f"{where}: cluster key links.inter is missing ({nodes} nodes)")
+    groups = _collectives(links.get("collectives"), per_node)
     codecs = {}
     for spec, speeds in (data.get("codecs") or {}).items():
         try:
@@ -182,7 +212,30 @@ def from_dict(data, where: str = "cluster") -> Cluster:
             _number(f"codecs.{spec}.decode_gb_s", speeds["decode_gb_s"]) * 1e9,
         )
     name = str(data.get("name", os.path.splitext(os.path.basename(where))[0]))
-    return Cluster(name, nodes, per_node, memory, intra, inter, codecs, str(data.get("source", "")))
+    source = str(data.get("source", ""))
+    return Cluster(name, nodes, per_node, memory, intra, inter, codecs, source, groups)
+
+
+def _collectives(table, per_node: int) -> dict:
+    """``links.collectives`` as {(op, ranks): Link}; group sizes are integers 2..per_node (YAML
+    writes them as numbers, JSON as strings: both read)."""
+    if table is None:
+        return {}
+    out = {}
+    for op, sizes in _mapping("links.collectives", table, COLLECTIVE_OPS).items():
+        where = f"links.collectives.{op}"
+        if not isinstance(sizes, dict):
+            raise ValueError(f"{where} must be a mapping, got {sizes!r}")
+        for k, figures in sizes.items():
+            ranks = int(k) if isinstance(k, str) and k.isdigit() else k
+            if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+                raise ValueError(f"{where}.{k}: a group size must be an integer >= 2")
+            if ranks > per_node:
+                raise ValueError(
+                    f"{where}.{k}: a group of {ranks} ranks does not fit a node of {per_node}"
+                )
+            out[(op, ranks)] = _link(f"{where}.{k}", figures)
+    return out
 
 
 def load(path: str) -> Cluster:

@@ -53,8 +53,13 @@ bandwidth of the links its group spans (intra-node when its devices fit in a nod
 min(intra, m x inter) for a ring with m members in each node: a ring step crosses each node
 boundary once, and a node's rings share its devices' NIC shares) + its codec's
 encode and decode time (a reduce-scatter encodes its n raw bytes and decodes n; an all-gather
-encodes its chunk and decodes k chunks) at the cluster's speeds. Collectives run one after the
-other and nothing overlaps with compute: a step's communication time is their sum.
+encodes its chunk and decodes k chunks) at the cluster's speeds; a codec that may fall back adds
+the flag's agreement, an all-reduce of 4 bytes a rank (2 (k - 1) latencies). Under a codec the
+payloads move as jaxhc's XLA transport moves them (`Comm.legs`: a reduce-scatter's by an
+all-to-all); a cluster's ``links.collectives`` gives an op over a group inside a node its own
+latency and bandwidth for that group size (measured by `jaxhc profile --links`). Collectives
+run one after the other and nothing overlaps with compute: a step's communication time is their
+sum.
 """
 
 from __future__ import annotations
@@ -166,12 +171,33 @@ class Comm:
             return cluster.intra.bandwidth
         return min(cluster.intra.bandwidth, self.per_node * cluster.inter.bandwidth)
 
+    def legs(self) -> list[tuple[str, int, float]]:
+        """(op, latency steps, bytes) of what moves one call: the op itself, or under a codec
+        its payloads (a reduce-scatter's by an all-to-all, an all-reduce's by an all-to-all
+        and an all-gather, half each) and, when the codec may fall back, the agreement on the
+        flag (an all-reduce of an int32 per rank, `jaxhc.collectives._common.guarded`)."""
+        k = self.ranks
+        steps = {"psum": 2 * (k - 1), "ppermute": 1, "psum_pair": 1}.get(self.op, k - 1)
+        if self.codec is None or self.codec.spec == "none":
+            return [(self.op, steps, self.raw)]
+        agree = cc.agreement_bytes(self.codec, k)
+        payload = self.wire - agree
+        if self.op == "psum_scatter":
+            out = [("all_to_all", k - 1, payload)]
+        elif self.op == "psum":
+            out = [("all_to_all", k - 1, payload / 2), ("all_gather", k - 1, payload / 2)]
+        else:
+            out = [(self.op, steps, payload)]
+        return out + [("psum", 2 * (k - 1), agree)] if agree else out
+
     def seconds(self, cluster: Cluster) -> float:
-        link = cluster.link(self.span)
-        steps = {"psum": 2 * (self.ranks - 1), "ppermute": 1, "psum_pair": 1}.get(
-            self.op, self.ranks - 1
-        )
-        t = steps * link.latency + self.wire / self.bandwidth(cluster)
+        t = 0.0
+        for op, steps, nbytes in self.legs():
+            own = cluster.collective_link(op, self.ranks, self.span)
+            if own is not None:  # links.collectives: this op's figures for its group size
+                t += steps * own.latency + nbytes / own.bandwidth
+            else:
+                t += steps * cluster.link(self.span).latency + nbytes / self.bandwidth(cluster)
         if self.codec is not None and self.codec.spec != "none":
             speed = cluster.speed(self.codec.spec)
             n = self.message * self.itemsize
