@@ -52,17 +52,29 @@ def embed(params: dict, idx: jax.Array, cfg: GPTConfig) -> jax.Array:
     return (params["wte"][idx] + params["wpe"][:t]).astype(cfg.compute_dtype)
 
 
-def run_blocks(blocks: dict, x: jax.Array, cfg: GPTConfig, tp: TensorParallel | None = None):
+def run_blocks(
+    blocks: dict, x: jax.Array, cfg: GPTConfig, tp: TensorParallel | None = None, fetch=None
+):
     """Apply the stacked `blocks` (leading layer axis) to `x` (B, T, C) in order.
 
     `tp`: this rank's tensor parallelism when `blocks` are a rank's slices (None: one device).
     A `lax.scan` over layers: one compiled block however deep the model.
+    `fetch` (``fn``, ``policy``): `blocks` are scan inputs from which ``fn`` makes a layer's
+    parameters (sharded parameters gathered layer by layer); the layer runs under
+    `jax.checkpoint` with ``policy``.
     """
     block = Block(cfg, tp or TensorParallel())
 
     def layer(h, params):
         return block.apply({"params": params}, h), None
 
+    if fetch is not None:
+        run = layer
+
+        def layer(h, xs):
+            return run(h, fetch.fn(xs))
+
+        layer = jax.checkpoint(layer, policy=fetch.policy)
     return jax.lax.scan(layer, x, blocks)[0]
 
 

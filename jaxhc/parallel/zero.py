@@ -26,13 +26,16 @@ The collectives are compressed by the policy of `jaxhc.context` (the train step 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
 
 import jaxhc
-from jaxhc import context
+from jaxhc import accounting, context
 from jaxhc.model.config import OptimConfig
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout, decay_mask
@@ -144,20 +147,21 @@ def reduce_gradients(grads, layout: FlatLayout, residual=None, shard=None, scatt
     return flat if residual is None else (flat, out[1])
 
 
-def gather_params(layout: FlatLayout, shard: ShardPlan, shared_grads):
+def gather_params(unflatten, flatten, shard: ShardPlan):
     """Sharded parameters (s_p > 1): ``gather(chunk, residuals) -> parameter tree``, the
-    device's 1/s_p chunk all-gathered over the parameter group, outermost sub-axis first
-    (``kind="param"``), and unflattened. Its reverse mode is the gradients' reduce-scatter over
-    the same levels, innermost first (``kind="grad"``): the cotangent tree, after
-    `shared_grads` (the end stages' sum of the shared embeddings' gradients), is flattened and
+    device's 1/s_p chunk of a flat vector all-gathered over the parameter group, outermost
+    sub-axis first (``kind="param"``), and `unflatten`ed. Its reverse mode is the gradients'
+    reduce-scatter over the same levels, innermost first (``kind="grad"``): the cotangent tree
+    is `flatten`ed (after the end stages' sum of the shared embeddings' gradients) and
     scattered, so the chunk's gradient is the partial sum `reduce_gradients(..., scattered=)`
     continues. `residuals` (error feedback: the parameter levels' residuals, or ()) come back as
     their own cotangent: the new residuals.
 
     The gathered parameters are not a residual of this function (its backward needs none of
     them): the device holds them once, for the forward and as the model's own autodiff
-    residuals, and frees them after the backward. The whole local vector is gathered at once
-    (the flat layout of `FlatLayout`), not layer by layer.
+    residuals, and frees them after the backward. With ``mesh.shard.gather: whole`` this
+    gathers the whole local vector; per layer it gathers the shared parameters (`layer_fetch`
+    gathers the layers').
     """
     param_steps = levels(shard)[: len(shard.param_axes)]
 
@@ -165,13 +169,13 @@ def gather_params(layout: FlatLayout, shard: ShardPlan, shared_grads):
     def gather(chunk, residuals):
         for axis in shard.param_axes:
             chunk = jaxhc.all_gather(chunk, axis, tiled=True, kind="param")
-        return layout.unflatten(chunk)
+        return unflatten(chunk)
 
     def fwd(chunk, residuals):
         return gather(chunk, residuals), residuals
 
     def bwd(residuals, ct):
-        flat = layout.flatten(shared_grads(ct))
+        flat = flatten(ct)
         if not residuals:
             return scatter_levels(flat, param_steps), residuals
         g, new = scatter_levels(flat, param_steps, list(residuals))
@@ -179,6 +183,81 @@ def gather_params(layout: FlatLayout, shard: ShardPlan, shared_grads):
 
     gather.defvjp(fwd, bwd)
     return gather
+
+
+class LayerFetch(NamedTuple):
+    """How `jaxhc.model.gpt.run_blocks` gets a layer's parameters from its scan input:
+    ``fn(xs) -> parameters`` and the `jax.checkpoint` policy of the layer (what it may save)."""
+
+    fn: Callable
+    policy: Callable
+
+
+def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> LayerFetch:
+    """Per-layer ZeRO-3: ``fetch((piece, sink)) -> one layer's parameters``, the layer's part of
+    the device's parameter chunk (`FlatLayout.split`) all-gathered over the parameter group,
+    outermost sub-axis first (``kind="param"``), as `gather_params` gathers the whole vector
+    (the same bits: a layer's part of every chunk is that layer's own chunk).
+
+    The layer runs under `jax.checkpoint` with a policy that saves what plain autodiff saves
+    but the fetched parameters: the backward fetches them again (a second all-gather), so a
+    device holds one layer's gathered parameters at a time. (A name policy alone is not
+    enough: ``save_anything_except_these_names`` would save the gather's own output.)
+
+    The layer's gradient leaves through `sink` (a zero vector of the layer's padded segment
+    length): its cotangent is the layer's local gradient, flattened, which autodiff sums over
+    the micro-batches before `scatter_layers` reduce-scatters it, in the order the whole
+    vector's reduction sums it. (Scattering each micro-batch's gradient in its own backward
+    would add the micro-batches after the ranks: other bits.) The piece gets no cotangent.
+    """
+
+    calls = []  # the gathers' (axis, kind, raw bytes) as the ledger records them
+
+    @jax.custom_vjp
+    def fetch(piece, sink):
+        for axis in shard.param_axes:
+            piece = jaxhc.all_gather(piece, axis, tiled=True, kind="param")
+        return layout.layer_tree(piece)
+
+    def fwd(piece, sink):
+        with accounting.captured() as got:
+            params = fetch(piece, sink)
+        calls[:] = [c[:3] for c in got]
+        return params, tuple((jnp.asarray(c[3], jnp.float32), jnp.asarray(c[4])) for c in got)
+
+    def bwd(moved, ct):
+        # The checkpoint's recomputation gathers the layer again, but jax does not replay the
+        # ledger's callbacks there: the backward records that second gather's traffic itself,
+        # with the wire bytes and fallback it reported (this backward's residuals).
+        flat = layout.layer_flat(jax.tree.map(lambda x: x[None], ct))[0]
+        for (axis, kind, raw), (wire, fallback) in zip(calls, moved, strict=True):
+            accounting.record(axis, kind, raw, wire, fallback, anchor=flat)
+        return None, flat
+
+    fetch.defvjp(fwd, bwd)
+
+    def policy(prim, *_, **params) -> bool:
+        # custom_vjp_call carries its backward as a wrapped function (`.f`): this fetch's is
+        # not saved; everything else is, as without the checkpoint.
+        return not (prim.name == "custom_vjp_call" and getattr(params.get("bwd"), "f", None) is bwd)
+
+    return LayerFetch(lambda xs: fetch(*xs), policy)
+
+
+def scatter_layers(grads, steps, residuals=None):
+    """Reduce-scatter each layer's local gradient (a row of `grads`, (layers, padded segment))
+    over the parameter levels `steps`, innermost first (``kind="grad"``), one layer at a time;
+    with `residuals` (error feedback: per level, (layers, ...) rows), (chunks, new residuals)."""
+
+    def one(_, xs):
+        if residuals is None:
+            return None, scatter_levels(xs, steps)
+        g, new = scatter_levels(xs[0], steps, list(xs[1]))
+        return None, (g, tuple(new))
+
+    xs = grads if residuals is None else (grads, tuple(residuals))
+    out = lax.scan(one, None, xs)[1]
+    return out if residuals is None else (out[0], list(out[1]))
 
 
 def chunk_start(layout: FlatLayout, shard: ShardPlan | None = None) -> jax.Array:
