@@ -47,15 +47,17 @@ def test_gather_must_be_layer_or_whole():
 
 def test_per_layer_gathering_holds_less_than_the_whole_gathered_vector():
     """The compiled step's temporaries: ``whole`` keeps all L layers' gathered parameters from
-    the forward to the backward; per layer a device holds one layer's at a time (the forward's,
-    then the backward's re-gather; two where XLA overlaps a layer's with its neighbour's). So
-    per layer saves at least (L - 2) gathered layers; the shared parameters are gathered once
-    in both."""
+    the forward to the backward (the model's autodiff residuals); per layer a device holds one
+    layer's at a time (the forward's, then the backward's second gather), so it saves at least
+    L - 1 gathered layers. The shared parameters are gathered once in both, and both hold the
+    same activations and the same unreduced gradient."""
     layout = Plan(DEEP, _mesh_cfg("layer")).layout
-    whole = _compiled("whole").memory_analysis().temp_size_in_bytes
-    layer = _compiled("layer").memory_analysis().temp_size_in_bytes
+    whole = _compiled("whole").memory_analysis()
+    layer = _compiled("layer").memory_analysis()
     gathered_layer = 4 * layout.layer_padded  # float32 bytes of one gathered layer
-    assert whole - layer >= (layout.layers - 2) * gathered_layer, (whole, layer)
+    saved = whole.temp_size_in_bytes - layer.temp_size_in_bytes
+    assert saved >= (layout.layers - 1) * gathered_layer, (whole, layer)
+    assert layer.argument_size_in_bytes == whole.argument_size_in_bytes  # the same state
 
 
 def test_the_backward_gathers_each_layer_again():

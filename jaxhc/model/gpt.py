@@ -59,22 +59,17 @@ def run_blocks(
 
     `tp`: this rank's tensor parallelism when `blocks` are a rank's slices (None: one device).
     A `lax.scan` over layers: one compiled block however deep the model.
-    `fetch` (``fn``, ``policy``): `blocks` are scan inputs from which ``fn`` makes a layer's
-    parameters (sharded parameters gathered layer by layer); the layer runs under
-    `jax.checkpoint` with ``policy``.
+    `fetch`: `blocks` are scan inputs from which ``fetch(layer, h, xs)`` runs a layer
+    (``layer(params, h)``) on its parameters (sharded parameters gathered layer by layer).
     """
     block = Block(cfg, tp or TensorParallel())
 
-    def layer(h, params):
-        return block.apply({"params": params}, h), None
+    def apply(params, h):
+        return block.apply({"params": params}, h)
 
-    if fetch is not None:
-        run = layer
+    def layer(h, xs):
+        return (apply(xs, h) if fetch is None else fetch(apply, h, xs)), None
 
-        def layer(h, xs):
-            return run(h, fetch.fn(xs))
-
-        layer = jax.checkpoint(layer, policy=fetch.policy)
     return jax.lax.scan(layer, x, blocks)[0]
 
 

@@ -27,7 +27,6 @@ The collectives are compressed by the policy of `jaxhc.context` (the train step 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +34,7 @@ import optax
 from jax import lax
 
 import jaxhc
-from jaxhc import accounting, context
+from jaxhc import context
 from jaxhc.model.config import OptimConfig
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout, decay_mask
@@ -185,24 +184,19 @@ def gather_params(unflatten, flatten, shard: ShardPlan):
     return gather
 
 
-class LayerFetch(NamedTuple):
-    """How `jaxhc.model.gpt.run_blocks` gets a layer's parameters from its scan input:
-    ``fn(xs) -> parameters`` and the `jax.checkpoint` policy of the layer (what it may save)."""
+def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
+    """Per-layer ZeRO-3: ``fetch(layer, h, (piece, sink)) -> layer(params, h)``, where params
+    are the layer's part of the device's parameter chunk (`FlatLayout.split`) all-gathered over
+    the parameter group, outermost sub-axis first (``kind="param"``), as `gather_params`
+    gathers the whole vector (the same bits: a layer's part of every chunk is that layer's own
+    chunk).
 
-    fn: Callable
-    policy: Callable
-
-
-def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> LayerFetch:
-    """Per-layer ZeRO-3: ``fetch((piece, sink)) -> one layer's parameters``, the layer's part of
-    the device's parameter chunk (`FlatLayout.split`) all-gathered over the parameter group,
-    outermost sub-axis first (``kind="param"``), as `gather_params` gathers the whole vector
-    (the same bits: a layer's part of every chunk is that layer's own chunk).
-
-    The layer runs under `jax.checkpoint` with a policy that saves what plain autodiff saves
-    but the fetched parameters: the backward fetches them again (a second all-gather), so a
-    device holds one layer's gathered parameters at a time. (A name policy alone is not
-    enough: ``save_anything_except_these_names`` would save the gather's own output.)
+    Its reverse mode gathers the parameters again: of the layer's autodiff residuals (`jax.vjp`)
+    it keeps all but the gathered parameters themselves, which the backward gathers anew and
+    puts back; so a device holds one layer's gathered parameters at a time, and the activations
+    are kept as without it. (`jax.checkpoint` cannot do this: it never recomputes an effectful
+    computation, and the ledger's callbacks make the gather one, so under a Ledger it would
+    keep the gathered parameters instead.)
 
     The layer's gradient leaves through `sink` (a zero vector of the layer's padded segment
     length): its cotangent is the layer's local gradient, flattened, which autodiff sums over
@@ -211,37 +205,43 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> LayerFetch:
     would add the micro-batches after the ranks: other bits.) The piece gets no cotangent.
     """
 
-    calls = []  # the gathers' (axis, kind, raw bytes) as the ledger records them
-
-    @jax.custom_vjp
-    def fetch(piece, sink):
+    def gathered(piece):
         for axis in shard.param_axes:
             piece = jaxhc.all_gather(piece, axis, tiled=True, kind="param")
         return layout.layer_tree(piece)
 
-    def fwd(piece, sink):
-        with accounting.captured() as got:
-            params = fetch(piece, sink)
-        calls[:] = [c[:3] for c in got]
-        return params, tuple((jnp.asarray(c[3], jnp.float32), jnp.asarray(c[4])) for c in got)
+    def fetch(layer, h, xs):
+        where = {}  # the residuals' structure and which of them are gathered parameters
 
-    def bwd(moved, ct):
-        # The checkpoint's recomputation gathers the layer again, but jax does not replay the
-        # ledger's callbacks there: the backward records that second gather's traffic itself,
-        # with the wire bytes and fallback it reported (this backward's residuals).
-        flat = layout.layer_flat(jax.tree.map(lambda x: x[None], ct))[0]
-        for (axis, kind, raw), (wire, fallback) in zip(calls, moved, strict=True):
-            accounting.record(axis, kind, raw, wire, fallback, anchor=flat)
-        return None, flat
+        @jax.custom_vjp
+        def run(h, piece, sink):
+            return layer(gathered(piece), h)
 
-    fetch.defvjp(fwd, bwd)
+        def fwd(h, piece, sink):
+            params = gathered(piece)
+            out, pullback = jax.vjp(layer, params, h)
+            leaves, where["tree"] = jax.tree.flatten(pullback)
+            index = {id(p): i for i, p in enumerate(jax.tree.leaves(params))}
+            where["params"] = [index.get(id(x)) for x in leaves]
+            kept = [
+                None if i is not None else x for x, i in zip(leaves, where["params"], strict=True)
+            ]
+            return out, (piece, kept)
 
-    def policy(prim, *_, **params) -> bool:
-        # custom_vjp_call carries its backward as a wrapped function (`.f`): this fetch's is
-        # not saved; everything else is, as without the checkpoint.
-        return not (prim.name == "custom_vjp_call" and getattr(params.get("bwd"), "f", None) is bwd)
+        def bwd(res, ct):
+            piece, kept = res
+            params = jax.tree.leaves(gathered(piece))  # the second gather
+            leaves = [
+                x if i is None else params[i] for x, i in zip(kept, where["params"], strict=True)
+            ]
+            ct_params, ct_h = where["tree"].unflatten(leaves)(ct)
+            flat = layout.layer_flat(jax.tree.map(lambda x: x[None], ct_params))[0]
+            return ct_h, None, flat
 
-    return LayerFetch(lambda xs: fetch(*xs), policy)
+        run.defvjp(fwd, bwd)
+        return run(h, *xs)
+
+    return fetch
 
 
 def scatter_layers(grads, steps, residuals=None):
