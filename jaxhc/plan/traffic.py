@@ -77,57 +77,47 @@ def data_collectives(mesh: MeshConfig, flat_bytes: int, segments=None) -> list[C
         n *= size
         inner[axis] = n
     size_of = dict(zip(shard.axes, shard.sizes, strict=True))
-    param_axes = shard.param_axes if shard.sharded_params else ()
-    # the messages over the parameter group: (bytes, calls per step) of the gathers
+    levels = list(zip(shard.axes, shard.sizes, strict=True))
+    param_axes = shard.param_axes  # () when s_p = 1
+    out = []
+
+    def add(axis, kind, op, k, bytes_, n, count=1):
+        out.append(Collective(axis, kind, op, k, inner[axis], bytes_, n // 4, count))
+
+    # the messages over the parameter group, (bytes, calls per step): gathered, and their
+    # reverse mode's reduce-scatters
     if shard.per_layer:
         shared, layer, layers = segments
         gathers = [(shared, 1), (layer, 2 * mesh.microbatches * layers)]
         scatters = [(shared, 1), (layer, layers)]
     else:
         gathers = scatters = [(flat_bytes, 1)]
-    out = []
-    for whole, count in gathers if param_axes else ():
+    for whole, count in gathers:
         p = whole // shard.params
         for axis in param_axes:
-            k = size_of[axis]
-            if k > 1:
-                out.append(
-                    Collective(
-                        axis, "param", "all_gather", k, inner[axis], (k - 1) * p, p // 4, count
-                    )
-                )
+            if (k := size_of[axis]) > 1:
+                add(axis, "param", "all_gather", k, (k - 1) * p, p, count)
                 p *= k
-    for whole, count in scatters if param_axes else [(flat_bytes, 1)]:
+    for whole, count in scatters:
         n = whole
-        for axis, k in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
-            if axis in param_axes or not param_axes:
+        for axis, k in reversed(levels):
+            if axis in param_axes:
                 if k > 1:
-                    bytes_ = (k - 1) / k * n
-                    out.append(
-                        Collective(
-                            axis, "grad", "psum_scatter", k, inner[axis], bytes_, n // 4, count
-                        )
-                    )
+                    add(axis, "grad", "psum_scatter", k, (k - 1) / k * n, n, count)
                 n //= k
-    n = flat_bytes // shard.params
-    for axis, k in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
-        if param_axes and axis not in param_axes and k > 1:  # the levels outside the group
-            out.append(
-                Collective(axis, "grad", "psum_scatter", k, inner[axis], (k - 1) / k * n, n // 4)
-            )
+    n = flat_bytes // shard.params  # the levels outside the parameter group, the whole vector
+    for axis, k in reversed(levels):
+        if axis not in param_axes:
+            if k > 1:
+                add(axis, "grad", "psum_scatter", k, (k - 1) / k * n, n)
             n //= k
-        elif param_axes and axis not in param_axes:
-            n //= k
-    if not param_axes:
-        n = flat_bytes // mesh.data
-    for axis, k in zip(shard.axes, shard.sizes, strict=True):
+    for axis, k in levels:
         if k > 1 and axis not in shard.grad_axes:
-            out.append(Collective(axis, "grad", "all_gather", k, inner[axis], (k - 1) * n, n // 4))
+            add(axis, "grad", "all_gather", k, (k - 1) * n, n)
             n *= k
     m = flat_bytes // shard.optim
     for axis in shard.optim_axes:  # up to the parameter chunk: not over the parameter group
-        k = size_of[axis]
-        if k > 1 and axis not in param_axes:
-            out.append(Collective(axis, "param", "all_gather", k, inner[axis], (k - 1) * m, m // 4))
+        if (k := size_of[axis]) > 1 and axis not in param_axes:
+            add(axis, "param", "all_gather", k, (k - 1) * m, m)
             m *= k
     return out
