@@ -40,6 +40,50 @@ def _compiled(gather, model=DEEP):
     return step.lower(state, batch(0, model, size=16)).compile()
 
 
+@pytest.mark.parametrize("data, tensor, pipe", [(8, 1, 1), (4, 1, 2), (2, 2, 1)])
+def test_every_chunk_holds_each_layers_own_chunk(data, tensor, pipe):
+    """The flat layout, on a tree whose every value is distinct: flatten and unflatten invert
+    each other; any run of q whole pieces splits into the shared segment's and each layer's
+    own q-piece chunk (`split`, inverted by `join`); `runs` and `per_element` name every
+    stored element's parameter, padding left out."""
+    mesh_cfg = MeshConfig(data, tensor, pipe)
+    fl = Plan(CFG, mesh_cfg).layout
+    leaves = [
+        np.arange(np.prod(s), dtype=np.float32).reshape(s) + 1e4 * i
+        for i, s in enumerate(fl.shapes)
+    ]
+    tree = fl.treedef.unflatten(leaves)
+    vec = np.asarray(fl.flatten(tree))
+    assert vec.shape == (fl.padded,) and fl.padded == data * fl.chunk
+    for a, b in zip(jax.tree.leaves(fl.unflatten(vec)), leaves, strict=True):
+        np.testing.assert_array_equal(a, b)
+    segs = np.asarray(fl.layer_flat(tree["blocks"]))  # (layers, padded segment)
+    shared = np.asarray(fl.shared_flat(tree))
+    for q in {1, data // 2 or 1, data}:
+        for j in range(data // q):
+            got_shared, got_layers = fl.split(vec[j * q * fl.chunk : (j + 1) * q * fl.chunk])
+            n, w = q * fl.shared_width, q * fl.layer_width
+            np.testing.assert_array_equal(got_shared, shared[j * n : (j + 1) * n])
+            np.testing.assert_array_equal(got_layers, segs[:, j * w : (j + 1) * w])
+            np.testing.assert_array_equal(
+                fl.join(got_shared, got_layers), vec[j * q * fl.chunk :][: q * fl.chunk]
+            )
+    owner = np.full(fl.padded, len(fl.shapes))  # the padding's index
+    for at, leaf, offset, n in fl.runs(0, fl.padded):
+        np.testing.assert_array_equal(
+            vec[at : at + n], leaves[leaf].reshape(-1)[offset : offset + n]
+        )
+        owner[at : at + n] = leaf
+    assert (owner < len(fl.shapes)).sum() == fl.size
+    values = np.arange(len(fl.shapes) + 1)
+    np.testing.assert_array_equal(fl.per_element(values, 0, fl.padded), owner)
+    assert [r for r in fl.runs(5, fl.padded - 3)] == [
+        (max(at, 5), leaf, offset + max(0, 5 - at), min(at + n, fl.padded - 3) - max(at, 5))
+        for at, leaf, offset, n in fl.runs(0, fl.padded)
+        if at + n > 5 and at < fl.padded - 3
+    ]
+
+
 def test_gather_must_be_layer_or_whole():
     with pytest.raises(ValueError, match=r"mesh.shard.gather='layers' must be one of layer, whole"):
         MeshConfig(8, shard={"params": 8, "gather": "layers"})
