@@ -44,6 +44,11 @@ TENSOR_SPLIT = {
 # whose gradients the first and the last stage sum (see the module docstring).
 SHARED = ("wte", "wpe", "ln_f")
 PAIRED = ("wte", "ln_f")
+# The values of a segment's piece are a multiple of ALIGN: whole blocks of ZFP (4 values) and of
+# the block quantizers' default (q8, q4: 256), so no block of a codec that rows of the flat vector
+# go through spans the shared parameters and a layer's (the end stages' copies of the shared
+# parameters then get the same bits; a stage's layers differ from the other end stage's).
+ALIGN = 256
 # Leaves that AdamW decays: matrices and embeddings, not biases or LayerNorm parameters.
 DECAYED = ("kernel", "wte", "wpe")
 
@@ -89,7 +94,7 @@ class FlatLayout:
 
     The vector is made of *segments*: the shared parameters (``wte``, ``wpe``, ``ln_f``, in tree
     order) and then each local layer's slice of the ``blocks`` leaves (in tree order), every
-    segment padded to whole ZFP blocks in each of ``data`` equal pieces. The vector is stored
+    segment padded to ``data`` equal pieces of whole codec blocks (`ALIGN`). The vector is stored
     *piece-major*: piece k of the shared segment, then piece k of layer 0, 1, ..., then piece
     k + 1 of each. Any chunk a reduce-scatter over the data (sub-)axes leaves a rank (a run of q
     whole pieces) is then, for each segment, that segment's own chunk: a layer's part of a chunk
@@ -124,7 +129,7 @@ class FlatLayout:
         # Per segment: the leaves' sizes in it (a block leaf: one layer's slice), their ends.
         self.shared_ends = np.cumsum([self.sizes[i] for i in self.shared_leaves])
         self.layer_ends = np.cumsum([self.sizes[i] // self.layers for i in self.block_leaves])
-        quantum = 4 * mesh_cfg.data  # whole ZFP blocks in every data piece
+        quantum = ALIGN * mesh_cfg.data  # pieces of whole codec blocks (see ALIGN)
         self.shared_padded = -(-int(self.shared_ends[-1]) // quantum) * quantum
         self.layer_padded = -(-int(self.layer_ends[-1]) // quantum) * quantum
         # The width of a piece (one per data rank): its shared part, then each layer's part.

@@ -7,7 +7,9 @@ levels that cross nodes, the precision and whether layers are recomputed.
 
 Memory (bytes per device; psi = the device's parameters, its tensor x pipe block):
   float32 (jaxhc): P = 4 psi (s_p = 1: the parameter tree) or 4 psi_pad / s_p (its chunk of the
-                   flat vector padded to 4 x data), G = 4 psi_pad / s_g (the reduced chunk, a
+                   padded flat vector: its segments, the shared parameters and each layer, in
+                   data pieces of whole codec blocks; estimated: 4 x data), G = 4 psi_pad / s_g
+                   (the reduced chunk, a
                    temporary), OS = 12 psi_pad / s_os (two AdamW moments and the master copy) + 8,
                    with error feedback + 4 x the residual of every reduce-scatter level (the
                    vector it sends: psi_pad innermost, 1/(the inner levels' ranks) of it further
@@ -248,8 +250,8 @@ def _param_shapes(gpt):
 
 
 def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
-    """(parameters on the device, its flat vector padded to 4 x data): exact (jaxhc's layout)
-    for a model jaxhc trains in float32, else `ModelShape.device_params`."""
+    """(parameters on the device, its padded flat vector): exact (jaxhc's layout) for a model
+    jaxhc trains in float32, else `ModelShape.device_params` padded to 4 x data."""
     if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
         return fl.size, fl.padded
@@ -261,8 +263,10 @@ def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
 def device_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
     """(shared segment, one layer's segment, local layers) of the device's flat vector, padded
     values (`jaxhc.parallel.layout.FlatLayout`): exact for a model jaxhc trains in float32."""
+    from jaxhc.parallel.layout import ALIGN
+
     layers = shape.layers // lay.pipe
-    q = 4 * lay.data
+    q = ALIGN * lay.data
     if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
         return fl.shared_padded, fl.layer_padded, fl.layers
