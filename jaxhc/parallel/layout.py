@@ -131,7 +131,8 @@ class FlatLayout:
         self.layer_ends = np.cumsum([self.sizes[i] // self.layers for i in self.block_leaves])
         quantum = ALIGN * mesh_cfg.data  # pieces of whole codec blocks (see ALIGN)
         self.shared_padded = -(-int(self.shared_ends[-1]) // quantum) * quantum
-        self.layer_padded = -(-int(self.layer_ends[-1]) // quantum) * quantum
+        self.layer_values = int(self.layer_ends[-1])  # a layer's values, unpadded
+        self.layer_padded = -(-self.layer_values // quantum) * quantum
         # The width of a piece (one per data rank): its shared part, then each layer's part.
         self.shared_width = self.shared_padded // mesh_cfg.data
         self.layer_width = self.layer_padded // mesh_cfg.data
@@ -155,11 +156,14 @@ class FlatLayout:
         ]
         return self.shared_treedef.unflatten(leaves)
 
-    def layer_flat(self, blocks) -> jax.Array:
-        """The padded segments of stacked ``blocks`` (leading layer axis): (layers, padded)."""
+    def layer_flat(self, blocks, pad: bool = True) -> jax.Array:
+        """The padded segments of stacked ``blocks`` (leading layer axis): (layers, padded);
+        `pad` False: without the padding, (layers, `layer_values`)."""
         leaves = self.blocks_treedef.flatten_up_to(blocks)
         n = leaves[0].shape[0]
         flat = jnp.concatenate([x.reshape(n, -1).astype(jnp.float32) for x in leaves], axis=1)
+        if not pad:
+            return flat
         return jnp.pad(flat, ((0, 0), (0, self.layer_padded - flat.shape[1])))
 
     def layer_tree(self, segs: jax.Array) -> dict:

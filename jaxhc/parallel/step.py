@@ -182,7 +182,7 @@ def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
         fetch = zero.layer_fetch(layout, shard)
         shared, pieces = layout.split(chunk)
         parts = [layout.split(r) for r in mine]  # per level: (shared part, layers' parts)
-        sink = jnp.zeros((layout.layers, layout.layer_padded), jnp.float32)
+        sink = jnp.zeros((layout.layers, layout.layer_values), jnp.float32)
 
         def objective(shared, sink, residuals):
             params = {**gather(shared, residuals), "blocks": (pieces, sink)}
@@ -192,6 +192,7 @@ def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
         local, (g, layers, done) = jax.value_and_grad(objective, argnums=(0, 1, 2))(
             shared, sink, res
         )
+        layers = jnp.pad(layers, ((0, 0), (0, layout.layer_padded - layout.layer_values)))
         steps = zero.levels(shard)[:scattered]
         if mine:
             layers, new = zero.scatter_layers(layers, steps, [p[1] for p in parts])

@@ -198,11 +198,12 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
     computation, and the ledger's callbacks make the gather one, so under a Ledger it would
     keep the gathered parameters instead.)
 
-    The layer's gradient leaves through `sink` (a zero vector of the layer's padded segment
-    length): its cotangent is the layer's local gradient, flattened, which autodiff sums over
-    the micro-batches before `scatter_layers` reduce-scatters it, in the order the whole
-    vector's reduction sums it. (Scattering each micro-batch's gradient in its own backward
-    would add the micro-batches after the ranks: other bits.) The piece gets no cotangent.
+    The layer's gradient leaves through `sink` (a zero vector of the layer's values, unpadded:
+    `FlatLayout.layer_values`): its cotangent is the layer's local gradient, flattened, which
+    autodiff sums over the micro-batches before `scatter_layers` reduce-scatters it, in the
+    order the whole vector's reduction sums it. (Scattering each micro-batch's gradient in its
+    own backward would add the micro-batches after the ranks: other bits.) The piece gets no
+    cotangent.
     """
 
     def gathered(piece):
@@ -235,8 +236,8 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
                 x if i is None else params[i] for x, i in zip(kept, where["params"], strict=True)
             ]
             ct_params, ct_h = where["tree"].unflatten(leaves)(ct)
-            flat = layout.layer_flat(jax.tree.map(lambda x: x[None], ct_params))[0]
-            return ct_h, None, flat
+            flat = layout.layer_flat(jax.tree.map(lambda x: x[None], ct_params), pad=False)
+            return ct_h, None, flat[0]
 
         run.defvjp(fwd, bwd)
         return run(h, *xs)
