@@ -113,6 +113,23 @@ def disabled():
         yield
 
 
+_CAPTURES: list[list] = []  # `captured`'s lists, innermost last (tracing is single-threaded)
+
+
+@contextlib.contextmanager
+def captured():
+    """Also collect, as ``(axis_name, kind, raw, wire, fallback)``, the executions that
+    collectives traced inside record (nothing when accounting is off). For a computation that
+    runs again where jax does not replay callbacks (`jax.checkpoint`'s recomputation in the
+    backward): its caller records them there once more with `record`."""
+    calls: list = []
+    _CAPTURES.append(calls)
+    try:
+        yield calls
+    finally:
+        _CAPTURES.remove(calls)
+
+
 def record(axis_name, kind: str | None, raw: float, wire, fallback=False, anchor=None) -> None:
     """Called by collectives while tracing: emits a callback that tallies one execution.
 
@@ -124,6 +141,8 @@ def record(axis_name, kind: str | None, raw: float, wire, fallback=False, anchor
     """
     if not enabled():
         return
+    if _CAPTURES:
+        _CAPTURES[-1].append((axis_name, kind, raw, wire, fallback))
     axis = ",".join(axis_name) if isinstance(axis_name, (tuple, list)) else str(axis_name)
     args = (anchor.reshape(-1)[:1],) if anchor is not None and anchor.size else ()
     kind = kind or "other"

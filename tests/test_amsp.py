@@ -215,16 +215,18 @@ def test_a_device_holds_its_parameter_chunk_only():
 
 
 def test_zero_3_moves_the_bytes_of_its_collectives_and_holds_one_gathered_copy():
-    """ZeRO-3 (4, 4, 4) with pipe 2: per device and step the parameters are all-gathered once
+    """ZeRO-3 (4, 4, 4) with pipe 2 and ``gather: whole``: per device and step the parameters
+    are all-gathered once
     and the gradients reduce-scattered once; the update gathers nothing (s_p = s_os); the
     pipeline's traffic is ZeRO's. The compiled step's arguments shrink by the 3/4 of the flat
     parameter vector a device no longer keeps, and its temporaries grow by at most one gathered
-    copy of it (no second copy is kept between the forward and the backward)."""
+    copy of it (no second copy is kept between the forward and the backward; on this model
+    they even shrink a little)."""
     mesh = make_mesh(MeshConfig(4, 1, 2, 2), jax.devices()[:8])
     layout = Plan(CFG, MeshConfig(4, 1, 2, 2)).layout
     padded = layout.padded
     got, memory = {}, {}
-    zero3 = MeshConfig(4, 1, 2, 2, shard={"params": 4})
+    zero3 = MeshConfig(4, 1, 2, 2, shard={"params": 4, "gather": "whole"})
     for name, cfg in (("zero3", zero3), ("zero", MeshConfig(4, 1, 2, 2))):
         step = make_train_step(CFG, cfg, OPTIM, mesh, "none")
         state = init_state(CFG, cfg, OPTIM, mesh, SEED)
@@ -242,7 +244,7 @@ def test_zero_3_moves_the_bytes_of_its_collectives_and_holds_one_gathered_copy()
         assert got["zero3"][key] == got["zero"][key], key
     a, b = memory["zero3"], memory["zero"]
     assert b.argument_size_in_bytes - a.argument_size_in_bytes == 4 * layout.size - n / 4
-    assert 0 <= a.temp_size_in_bytes - b.temp_size_in_bytes <= n
+    assert a.temp_size_in_bytes - b.temp_size_in_bytes <= n
 
 
 def test_optimizer_state_is_split_over_its_group_and_equal_on_its_replicas():

@@ -83,18 +83,19 @@ def test_generalised_collectives_are_jaxhcs_for_every_valid_plan(data, groups, t
         lay = _layout(mesh)
         ours = collectives(SHAPE, lay, 64, 16, CLUSTER, codec_by_policy(ZDATA))
         ours = [c for c in ours if c.axis.startswith("data")]
-        theirs = data_collectives(mesh, 4 * Plan(CFG, mesh).layout.padded)
+        fl = Plan(CFG, mesh).layout
+        segments = (4 * fl.shared_padded, 4 * fl.layer_padded, fl.layers)
+        theirs = data_collectives(mesh, 4 * fl.padded, segments)
         got_raw, got_wire, want_raw, want_wire = (defaultdict(float) for _ in range(4))
         for c in ours:
-            assert c.count == 1
-            got_raw[c.axis, c.kind] += c.raw
-            got_wire[c.axis, c.kind] += c.wire
+            got_raw[c.axis, c.kind] += c.count * c.raw
+            got_wire[c.axis, c.kind] += c.count * c.wire
         for c in theirs:
-            want_raw[c.axis, c.kind] += c.bytes
-            want_wire[c.axis, c.kind] += c.wire(ZDATA)
+            want_raw[c.axis, c.kind] += c.count * c.bytes
+            want_wire[c.axis, c.kind] += c.count * c.wire(ZDATA)
         assert dict(got_raw) == pytest.approx(dict(want_raw), rel=1e-12)
         assert dict(got_wire) == pytest.approx(dict(want_wire), rel=1e-12)
-        assert [(c.axis, c.op) for c in ours] == [(c.axis, c.op) for c in theirs]
+        assert [(c.axis, c.op, c.count) for c in ours] == [(c.axis, c.op, c.count) for c in theirs]
 
 
 EF = jaxhc.Policy.from_dict(
@@ -129,7 +130,7 @@ def test_sharded_parameters_follow_the_formulas():
     layer-wise ZeRO-3 count: gathers forward and backward every micro-batch."""
     mesh = MeshConfig(8, 1, 1, 1)
     padded = Plan(CFG, mesh).layout.padded
-    lay = Layout(8, 1, 1, 2, 8, 8, 8, (8,))
+    lay = Layout(8, 1, 1, 2, 8, 8, 8, (8,), gather="whole")
     mem = memory(SHAPE, lay, 64, 16)
     assert (mem.params, mem.grads, mem.optim) == (
         4 * padded // 8,
@@ -144,7 +145,7 @@ def test_sharded_parameters_follow_the_formulas():
         ("grad", "psum_scatter", 1),
     ]  # nothing to exchange: s_os = s_p
     assert comms[0].raw == 7 / 8 * 4 * padded == comms[1].raw
-    nested = Layout(8, 1, 1, 2, 2, 2, 8, (2, 8))
+    nested = Layout(8, 1, 1, 2, 2, 2, 8, (2, 8), gather="whole")
     assert memory(SHAPE, nested, 64, 16, error_feedback=True).optim == memory(
         SHAPE, nested, 64, 16
     ).optim + 4 * (padded + padded // 2)
@@ -164,6 +165,28 @@ def test_sharded_parameters_follow_the_formulas():
     assert trainable(SHAPE, nested) == "yes"
     assert trainable(SHAPE, dataclasses.replace(lay, params=1)) == "yes"
     assert trainable(LLAMA["llama-7b"], lay) == "shapes only"
+
+
+def test_per_layer_gathers_follow_the_formulas():
+    """``gather: layer`` (the default): the shared segment gathered once, each local layer's
+    forward and again backward every micro-batch, the gradients reduce-scattered per segment
+    (the same bytes as the whole vector); the temporaries hold the shared parameters and two
+    gathered layers instead of the whole gathered vector."""
+    fl = Plan(CFG, MeshConfig(8, 1, 1, 2)).layout
+    lay = Layout(8, 1, 1, 2, 8, 8, 8, (8,))
+    comms = collectives(SHAPE, lay, 64, 16, CLUSTER)
+    assert [(c.kind, c.op, c.message, c.count) for c in comms] == [
+        ("param", "all_gather", fl.shared_padded // 8, 1),
+        ("param", "all_gather", fl.layer_padded // 8, 2 * 2 * fl.layers),
+        ("grad", "psum_scatter", fl.shared_padded, 1),
+        ("grad", "psum_scatter", fl.layer_padded, fl.layers),
+    ]
+    whole = memory(SHAPE, dataclasses.replace(lay, gather="whole"), 64, 16)
+    mem = memory(SHAPE, lay, 64, 16)
+    assert whole.temporaries - mem.temporaries == 4 * (
+        fl.padded - fl.shared_padded - 2 * fl.layer_padded
+    )
+    assert (mem.params, mem.grads, mem.optim) == (whole.params, whole.grads, whole.optim)
 
 
 def test_mixed_precision_is_amsps_count():

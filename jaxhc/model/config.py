@@ -52,6 +52,9 @@ class GPTConfig:
         return jnp.dtype(self.dtype)
 
 
+GATHERS = ("layer", "whole")  # how sharded parameters are gathered (`ShardConfig.gather`)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardConfig:
     """How parameters, gradients and optimizer state are split over the "data" axis (AMSP).
@@ -63,12 +66,17 @@ class ShardConfig:
     data axis (innermost first; a device's neighbours in a node before other nodes) along which
     gradients are reduced, a group before the next: every plan on the same groups reduces in the
     same order, so its losses are the same bit for bit. Unset: the plan's own sizes.
+    ``gather`` (sharded parameters, params > 1): ``layer`` (default) gathers each transformer
+    layer's parameters just before it runs, forward and again backward, so a device holds one
+    layer's at a time (ZeRO-3); ``whole`` gathers all of them once per step, in fewer, larger
+    messages (high-latency links), and holds them through the backward.
     """
 
     params: int | None = None
     grads: int | None = None
     optim: int | None = None
     groups: tuple[int, ...] | None = None
+    gather: str = "layer"
 
     def __post_init__(self):
         for key in ("params", "grads", "optim"):
@@ -80,6 +88,10 @@ class ShardConfig:
             for g in self.groups:
                 whole_number("mesh.shard.groups", g)
             object.__setattr__(self, "groups", tuple(self.groups))
+        if self.gather not in GATHERS:
+            raise ValueError(
+                f"mesh.shard.gather={self.gather!r} must be one of {', '.join(GATHERS)}"
+            )
 
     def resolve(self, data: int) -> tuple[int, int, int, tuple[int, ...]]:
         """(params, grads, optim, levels) on a data axis of `data` ranks, or a one-line error

@@ -52,16 +52,23 @@ def embed(params: dict, idx: jax.Array, cfg: GPTConfig) -> jax.Array:
     return (params["wte"][idx] + params["wpe"][:t]).astype(cfg.compute_dtype)
 
 
-def run_blocks(blocks: dict, x: jax.Array, cfg: GPTConfig, tp: TensorParallel | None = None):
+def run_blocks(
+    blocks: dict, x: jax.Array, cfg: GPTConfig, tp: TensorParallel | None = None, fetch=None
+):
     """Apply the stacked `blocks` (leading layer axis) to `x` (B, T, C) in order.
 
     `tp`: this rank's tensor parallelism when `blocks` are a rank's slices (None: one device).
     A `lax.scan` over layers: one compiled block however deep the model.
+    `fetch`: `blocks` are scan inputs from which ``fetch(layer, h, xs)`` runs a layer
+    (``layer(params, h)``) on its parameters (sharded parameters gathered layer by layer).
     """
     block = Block(cfg, tp or TensorParallel())
 
-    def layer(h, params):
-        return block.apply({"params": params}, h), None
+    def apply(params, h):
+        return block.apply({"params": params}, h)
+
+    def layer(h, xs):
+        return (apply(xs, h) if fetch is None else fetch(apply, h, xs)), None
 
     return jax.lax.scan(layer, x, blocks)[0]
 

@@ -41,6 +41,7 @@ class ShardPlan:
     optim: int
     axes: tuple[str, ...]  # the data sub-axes, outermost first ("data" alone when flat)
     sizes: tuple[int, ...]  # their sizes
+    gather: str = "layer"  # sharded parameters: gathered per layer or whole (`ShardConfig`)
 
     @classmethod
     def of(cls, mesh_cfg: MeshConfig) -> ShardPlan:
@@ -48,7 +49,7 @@ class ShardPlan:
         factors = [high // low for low, high in zip([1, *levels], levels, strict=False)]
         sizes = tuple(reversed(factors))
         axes = ("data",) if len(sizes) == 1 else tuple(f"data.{i}" for i in range(len(sizes)))
-        return cls(mesh_cfg.data, params, grads, optim, axes, sizes)
+        return cls(mesh_cfg.data, params, grads, optim, axes, sizes, mesh_cfg.shard.gather)
 
     @property
     def flat(self) -> bool:
@@ -86,6 +87,11 @@ class ShardPlan:
     def sharded_params(self) -> bool:
         """Whether a device holds only its 1/s_p chunk of the parameters (s_p > 1, ZeRO-3)."""
         return self.params > 1
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether sharded parameters are gathered layer by layer, forward and backward."""
+        return self.sharded_params and self.gather == "layer"
 
     def chunk_sizes(self, padded: int) -> dict[str, int]:
         """A device's share of a flat vector of `padded` values per component (and the finest)."""

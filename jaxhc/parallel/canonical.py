@@ -18,7 +18,8 @@ names one array per quantity and parameter, in the parameter's global (single-la
 `Canonical.pieces(coords)` lists, for the device at `coords`, which box of which canonical array
 each part of its block holds; the same list converts both ways (`extract` for a save, `insert`
 for a restore), so a state written on one mesh is read on any other. A box is a C-contiguous run
-of the device's local block, so a flat range turns into at most 2 x ndim boxes.
+of the device's local block: a flat range is a few runs per parameter and layer
+(`jaxhc.parallel.layout.FlatLayout.runs`), each at most 2 x ndim boxes.
 """
 
 from __future__ import annotations
@@ -124,7 +125,6 @@ class Canonical:
         self.param_names = ["/".join(_names(p)) for p, _ in param_paths]
         self.param_global = [x.shape for _, x in param_paths]
         self.param_specs = layout.treedef.flatten_up_to(plan.param_specs)
-        self.starts = np.concatenate([[0], layout.ends[:-1]]).astype(int)
         self.arrays: dict[str, Array] = {"step": Array((), np.dtype(np.int32), ())}
         # Per leaf of a device's block (`jax.tree.leaves` order of a TrainState): its kind
         # ("scalar", "param", "flat" or "residual") and its canonical name (or name prefix).
@@ -211,26 +211,22 @@ class Canonical:
         """The pieces of elements [lo, lo + size) of a device's padded flat vector, which sit at
         `at` in its leaf; `row`: the leading index of a per-data-rank array (residuals)."""
         layout, out = self.layout, []
-        hi = lo + size
-        for i, p in enumerate(self.param_names):
-            a, b = max(lo, self.starts[i]), min(hi, layout.ends[i])
-            if a >= b:
-                continue
-            block = _blocks.block_slices(
-                self.param_specs[i], self.param_global[i], coords, self.mesh_shape
-            )
-            offset = a
-            for local in flat_boxes(layout.shapes[i], a - self.starts[i], b - self.starts[i]):
+        blocks = [
+            _blocks.block_slices(spec, shape, coords, self.mesh_shape)
+            for spec, shape in zip(self.param_specs, self.param_global, strict=True)
+        ]
+        for offset, i, a, n in layout.runs(lo, lo + size):
+            p, block = self.param_names[i], blocks[i]
+            for local in flat_boxes(layout.shapes[i], a, a + n):
                 box = tuple(
                     slice(g.start + s.start, g.start + s.stop)
                     for g, s in zip(block, local, strict=True)
                 )
                 if row is not None:
                     box = (slice(row, row + 1), *box)
-                n = math.prod(s.stop - s.start for s in box)
                 owner = first and self._owner(i, coords)
                 out.append(Piece(f"{name}/{p}", leaf, int(at + offset - lo), box, owner))
-                offset += n
+                offset += math.prod(s.stop - s.start for s in local)
         return out
 
     def zero_block(self) -> list[np.ndarray]:

@@ -17,7 +17,7 @@ Every mesh holds the same global parameter arrays (the single layout of `jaxhc.m
 * Parameters are replicated over "data" (ZeRO-1); AdamW's moments are split over "data".
 
 ZeRO works on each rank's local parameters flattened into one vector (`FlatLayout`), padded so that
-it splits into equal chunks over "data".
+it splits into equal chunks over "data", each of which holds a slice of every layer.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ TENSOR_SPLIT = {
 # whose gradients the first and the last stage sum (see the module docstring).
 SHARED = ("wte", "wpe", "ln_f")
 PAIRED = ("wte", "ln_f")
+# The values of a segment's piece are a multiple of ALIGN: whole blocks of ZFP (4 values) and of
+# the block quantizers' default (q8, q4: 256), so no block of a codec that rows of the flat vector
+# go through spans the shared parameters and a layer's (the end stages' copies of the shared
+# parameters then get the same bits; a stage's layers differ from the other end stage's).
+ALIGN = 256
 # Leaves that AdamW decays: matrices and embeddings, not biases or LayerNorm parameters.
 DECAYED = ("kernel", "wte", "wpe")
 
@@ -84,7 +89,17 @@ def local_shape(shape, spec: P, mesh_cfg: MeshConfig) -> tuple[int, ...]:
 
 
 class FlatLayout:
-    """A rank's local parameters as one float32 vector, padded to split evenly over "data".
+    """A rank's local parameters as one float32 vector that splits evenly over "data", laid out
+    so that every data chunk holds a slice of every transformer layer.
+
+    The vector is made of *segments*: the shared parameters (``wte``, ``wpe``, ``ln_f``, in tree
+    order) and then each local layer's slice of the ``blocks`` leaves (in tree order), every
+    segment padded to ``data`` equal pieces of whole codec blocks (`ALIGN`). The vector is stored
+    *piece-major*: piece k of the shared segment, then piece k of layer 0, 1, ..., then piece
+    k + 1 of each. Any chunk a reduce-scatter over the data (sub-)axes leaves a rank (a run of q
+    whole pieces) is then, for each segment, that segment's own chunk: a layer's part of a chunk
+    is a reshape and a slice (`split`), so a layer's parameters can be gathered on their own
+    (`jaxhc.parallel.zero.gather_layers`), with the same bits as gathering the whole vector.
 
     Each rank flattens the same local shapes in the same order, so element i of every rank's
     vector belongs to the same parameter. Per-parameter facts (decayed, split over which axes)
@@ -101,24 +116,91 @@ class FlatLayout:
         ]
         self.sizes = [math.prod(s) for s in self.shapes]
         self.size = sum(self.sizes)
-        quantum = 4 * mesh_cfg.data  # whole ZFP blocks in every data chunk
-        self.padded = -(-self.size // quantum) * quantum
-        self.chunk = self.padded // mesh_cfg.data
-        self.ends = np.cumsum(self.sizes)
         self.decayed = np.array([p[-1] in DECAYED for p in paths])
         self.split_over = [set(a for a in s if a is not None) for s in spec_leaves]
+        self.data = mesh_cfg.data
+        self.blocks_treedef = jax.tree.structure(global_shapes["blocks"])
+        shared = {k: v for k, v in global_shapes.items() if k != "blocks"}
+        self.shared_treedef = jax.tree.structure(shared)  # the tree's order, "blocks" left out
+        block = [p[0] == "blocks" for p in paths]
+        self.shared_leaves = [i for i, b in enumerate(block) if not b]
+        self.block_leaves = [i for i, b in enumerate(block) if b]
+        self.layers = self.shapes[self.block_leaves[0]][0]  # local layers (this stage's)
+        # Per segment: the leaves' sizes in it (a block leaf: one layer's slice), their ends.
+        self.shared_ends = np.cumsum([self.sizes[i] for i in self.shared_leaves])
+        self.layer_ends = np.cumsum([self.sizes[i] // self.layers for i in self.block_leaves])
+        quantum = ALIGN * mesh_cfg.data  # pieces of whole codec blocks (see ALIGN)
+        self.shared_padded = -(-int(self.shared_ends[-1]) // quantum) * quantum
+        self.layer_values = int(self.layer_ends[-1])  # a layer's values, unpadded
+        self.layer_padded = -(-self.layer_values // quantum) * quantum
+        # The width of a piece (one per data rank): its shared part, then each layer's part.
+        self.shared_width = self.shared_padded // mesh_cfg.data
+        self.layer_width = self.layer_padded // mesh_cfg.data
+        self.chunk = self.shared_width + self.layers * self.layer_width
+        self.padded = self.chunk * mesh_cfg.data
+
+    # --- segments ---------------------------------------------------------------------------
+
+    def shared_flat(self, tree) -> jax.Array:
+        """The padded shared segment of a parameter tree (its ``blocks`` are not read)."""
+        leaves = self.shared_treedef.flatten_up_to({k: v for k, v in tree.items() if k != "blocks"})
+        flat = jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves])
+        return jnp.pad(flat, (0, self.shared_padded - flat.shape[0]))
+
+    def shared_tree(self, seg: jax.Array) -> dict:
+        """The shared parameters ({"wte", "wpe", "ln_f"}) of a padded shared segment."""
+        starts = [0, *self.shared_ends[:-1]]
+        leaves = [
+            seg[s:e].reshape(self.shapes[i])
+            for i, s, e in zip(self.shared_leaves, starts, self.shared_ends, strict=True)
+        ]
+        return self.shared_treedef.unflatten(leaves)
+
+    def layer_flat(self, blocks, pad: bool = True) -> jax.Array:
+        """The padded segments of stacked ``blocks`` (leading layer axis): (layers, padded);
+        `pad` False: without the padding, (layers, `layer_values`)."""
+        leaves = self.blocks_treedef.flatten_up_to(blocks)
+        n = leaves[0].shape[0]
+        flat = jnp.concatenate([x.reshape(n, -1).astype(jnp.float32) for x in leaves], axis=1)
+        if not pad:
+            return flat
+        return jnp.pad(flat, ((0, 0), (0, self.layer_padded - flat.shape[1])))
+
+    def layer_tree(self, segs: jax.Array) -> dict:
+        """``blocks`` (stacked) from padded layer segments (..., padded): the inverse of
+        `layer_flat`; a single segment gives one layer's parameters."""
+        lead = segs.shape[:-1]
+        starts = [0, *self.layer_ends[:-1]]
+        leaves = [
+            segs[..., s:e].reshape(*lead, *self.shapes[i][1:])
+            for i, s, e in zip(self.block_leaves, starts, self.layer_ends, strict=True)
+        ]
+        return self.blocks_treedef.unflatten(leaves)
+
+    # --- the stored (piece-major) order ---------------------------------------------------------
+
+    def split(self, vec: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """A run of whole pieces of the stored vector (a chunk of q pieces) as (the shared
+        segment's part, (layers, each layer's part)), each in its segment's own order."""
+        q = vec.shape[0] // self.chunk
+        pieces = vec.reshape(q, self.chunk)
+        shared = pieces[:, : self.shared_width].reshape(-1)
+        layers = pieces[:, self.shared_width :].reshape(q, self.layers, self.layer_width)
+        return shared, layers.transpose(1, 0, 2).reshape(self.layers, -1)
+
+    def join(self, shared: jax.Array, layers: jax.Array) -> jax.Array:
+        """The inverse of `split`."""
+        q = shared.shape[0] // self.shared_width
+        layers = layers.reshape(self.layers, q, self.layer_width).transpose(1, 0, 2)
+        pieces = jnp.concatenate([shared.reshape(q, -1), layers.reshape(q, -1)], axis=1)
+        return pieces.reshape(-1)
 
     def flatten(self, tree) -> jax.Array:
-        flat = [x.reshape(-1).astype(jnp.float32) for x in self.treedef.flatten_up_to(tree)]
-        return jnp.pad(jnp.concatenate(flat), (0, self.padded - self.size))
+        return self.join(self.shared_flat(tree), self.layer_flat(tree["blocks"]))
 
     def unflatten(self, vec: jax.Array):
-        starts = np.concatenate([[0], self.ends[:-1]])
-        leaves = [
-            vec[s : s + n].reshape(shape)
-            for s, n, shape in zip(starts, self.sizes, self.shapes, strict=True)
-        ]
-        return self.treedef.unflatten(leaves)
+        shared, layers = self.split(vec)
+        return {**self.shared_tree(shared), "blocks": self.layer_tree(layers)}
 
     def per_element(self, values, start, size: int) -> jax.Array:
         """values[leaf of element i] for i in [start, start + size); padding gets values[-1].
@@ -126,8 +208,37 @@ class FlatLayout:
         `values` has one entry per parameter plus one for the padding.
         """
         idx = start + jnp.arange(size)
-        leaf = jnp.searchsorted(jnp.asarray(self.ends), idx, side="right")
-        return jnp.asarray(values)[leaf]
+        piece, at = idx // self.chunk, idx % self.chunk
+        pad = len(self.shapes)
+        shared = jnp.searchsorted(
+            jnp.asarray(self.shared_ends), piece * self.shared_width + at, side="right"
+        )
+        rest = jnp.maximum(at - self.shared_width, 0) % self.layer_width
+        layer = jnp.searchsorted(
+            jnp.asarray(self.layer_ends), piece * self.layer_width + rest, side="right"
+        )
+        shared = jnp.asarray([*self.shared_leaves, pad])[shared]
+        layer = jnp.asarray([*self.block_leaves, pad])[layer]
+        return jnp.asarray(values)[jnp.where(at < self.shared_width, shared, layer)]
+
+    def runs(self, lo: int, hi: int):
+        """The stored elements [lo, hi) as runs of one parameter each, padding left out:
+        (position, leaf, offset in the leaf's local flattened values, length). On the host."""
+        ends = [self.shared_ends, *([self.layer_ends] * self.layers)]
+        leaves = [self.shared_leaves, *([self.block_leaves] * self.layers)]
+        widths = [self.shared_width, *([self.layer_width] * self.layers)]
+        for piece in range(lo // self.chunk, -(-hi // self.chunk)):
+            at = piece * self.chunk
+            for seg, (seg_ends, seg_leaves, w) in enumerate(zip(ends, leaves, widths, strict=True)):
+                a, b = max(lo, at), min(hi, at + w)  # stored positions of this segment's piece
+                e0 = piece * w + a - at  # their element offsets in the segment
+                starts = [0, *seg_ends[:-1]]
+                for leaf, s, e in zip(seg_leaves, starts, seg_ends, strict=True):
+                    x, y = max(e0, int(s)), min(e0 + b - a, int(e))
+                    if x < y:
+                        base = (seg - 1) * (int(e) - int(s)) if seg else 0  # the layer's slice
+                        yield a + x - e0, leaf, base + x - int(s), y - x
+                at += w
 
     def owned(self, tensor_rank, pipe_rank) -> jax.Array:
         """Per parameter (plus padding): whether this rank counts it in the global gradient norm.

@@ -91,12 +91,11 @@ class Plan:
         specs = layout.treedef.flatten_up_to(self.param_specs)
         out = np.zeros(self.state_param_shapes.shape, np.float32)
         for (p, t), coords in _pipe_tensor(m):
-            flat = np.zeros(layout.padded, np.float32)
-            at = 0
-            for x, spec in zip(leaves, specs, strict=True):
-                block = x[_blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))]
-                flat[at : at + block.size] = block.reshape(-1)
-                at += block.size
+            local = [
+                x[_blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))]
+                for x, spec in zip(leaves, specs, strict=True)
+            ]
+            flat = np.asarray(layout.flatten(layout.treedef.unflatten(local)))
             for d in range(m.data):
                 i = self.shard.param_chunk(d)[0] * self.param_chunk
                 out[p, t, d * self.param_chunk : (d + 1) * self.param_chunk] = flat[
@@ -122,15 +121,13 @@ class Plan:
                 flat[i : i + self.param_chunk] = chunks[
                     p, t, d * self.param_chunk : (d + 1) * self.param_chunk
                 ]
-            at = 0
-            for x, spec in zip(leaves, specs, strict=True):
+            local = layout.treedef.flatten_up_to(layout.unflatten(flat))
+            for x, spec, v in zip(leaves, specs, local, strict=True):
                 box = _blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))
-                n = x[box].size
                 # a replicated parameter from its canonical copy (pipe and tensor rank 0): the
                 # other stages' copies of a shared one are stale (`jaxhc.parallel.layout`)
                 if _blocks.owns_block(spec, x.ndim, coords, _mesh_shape(m)):
-                    x[box] = flat[at : at + n].reshape(x[box].shape)
-                at += n
+                    x[box] = np.asarray(v)
         return layout.treedef.unflatten(leaves)
 
     def zero_opt_state(self):

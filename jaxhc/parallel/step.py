@@ -75,9 +75,10 @@ def _map(fn, mesh: Mesh, in_specs, out_specs):
 # Per-shard model: embedding on the first stage, blocks through the pipeline, head on the last.
 
 
-def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, last_stage_fn):
+def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, last_stage_fn, fetch=None):
     """Run the pipelined model on this rank's `inputs` (B_local, T) and return
     ``last_stage_fn(hidden)`` on the last stage, zeros elsewhere; hidden is (M, B_local / M, T, C).
+    `fetch`: how the blocks get their parameters from ``params["blocks"]`` (`gpt.run_blocks`).
     """
     tp = TensorParallel(mesh_cfg.tensor)
     stage, stages = jaxhc.axis_index("pipe"), jaxhc.axis_size("pipe")
@@ -87,15 +88,16 @@ def _forward(params, inputs, cfg: GPTConfig, mesh_cfg: MeshConfig, last_stage_fn
         lambda: gpt.embed(params, micro, cfg),
         lambda: jnp.zeros((*micro.shape, cfg.n_embd), cfg.compute_dtype),
     )
-    hidden = gpipe(lambda h: gpt.run_blocks(params["blocks"], h, cfg, tp), x)
+    hidden = gpipe(lambda h: gpt.run_blocks(params["blocks"], h, cfg, tp, fetch), x)
     out = jax.eval_shape(last_stage_fn, hidden)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out)
     return lax.cond(stage == stages - 1, last_stage_fn, lambda _: zeros, hidden)
 
 
-def _local_loss(params, tokens, cfg, mesh_cfg, data="data"):
+def _local_loss(params, tokens, cfg, mesh_cfg, data="data", fetch=None):
     """This rank's share of the global mean loss: the sum of its token losses over all tokens.
-    `data`: the data axis (a name or the sub-axes of `jaxhc.parallel.amsp`)."""
+    `data`: the data axis (a name or the sub-axes of `jaxhc.parallel.amsp`); `fetch`: see
+    `_forward`."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     total = tokens.shape[0] * jaxhc.axis_size(data) * targets.shape[1]
 
@@ -103,7 +105,7 @@ def _local_loss(params, tokens, cfg, mesh_cfg, data="data"):
         logits = gpt.head(params, hidden, cfg)
         return gpt.token_losses(logits, targets.reshape(hidden.shape[:-1])).sum() / total
 
-    return _forward(params, inputs, cfg, mesh_cfg, loss_sum)
+    return _forward(params, inputs, cfg, mesh_cfg, loss_sum, fetch)
 
 
 def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, data="data"):
@@ -147,22 +149,57 @@ def _loss_and_grads(params, tokens, cfg, mesh_cfg):
 
 def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
     """Sharded parameters (s_p > 1): (global loss, this rank's reduced gradient chunk, opt_state)
-    from its parameter chunk. The parameters are gathered over the parameter group
-    (`zero.gather_params`), whose reverse mode reduce-scatters the gradients over the same
-    levels; `zero.reduce` does the levels outside. Error-feedback residuals of the parameter
-    levels ride along as the gather's second input (their cotangent: the new residuals)."""
+    from its parameter chunk. The parameters are gathered over the parameter group, whose
+    reverse mode reduce-scatters the gradients over the same levels; `zero.reduce` does the
+    levels outside. Error-feedback residuals of the parameter levels ride along as the gathers'
+    inputs (their cotangent: the new residuals).
+
+    ``mesh.shard.gather: whole``: the whole chunk at once (`zero.gather_params`). ``layer``:
+    the shared parameters so, and each layer's part of the chunk inside the layer scan, forward
+    and again backward (`zero.layer_fetch`); the layers' gradients are reduce-scattered one
+    layer at a time (`zero.scatter_layers`)."""
     shard, layout = plan.shard, plan.layout
-    gather = zero.gather_params(layout, shard, functools.partial(_sum_shared, data=shard.axes))
+    sum_shared = functools.partial(_sum_shared, data=shard.axes)
     scattered = len(shard.param_axes)
     residual = opt_state.get("residual")
     mine = () if residual is None else tuple(zero.split_residual(residual, layout.padded, shard))
     mine = mine[:scattered]
+    data = shard.data_axis
 
-    def objective(chunk, residuals):
-        params = gather(chunk, residuals)
-        return _local_loss(params, tokens, cfg, mesh_cfg, shard.data_axis)
+    if not shard.per_layer:
+        gather = zero.gather_params(
+            layout.unflatten, lambda ct: layout.flatten(sum_shared(ct)), shard
+        )
 
-    local, (g, done) = jax.value_and_grad(objective, argnums=(0, 1))(chunk, mine)
+        def objective(chunk, residuals):
+            return _local_loss(gather(chunk, residuals), tokens, cfg, mesh_cfg, data)
+
+        local, (g, done) = jax.value_and_grad(objective, argnums=(0, 1))(chunk, mine)
+    else:
+        gather = zero.gather_params(
+            layout.shared_tree, lambda ct: layout.shared_flat(sum_shared(ct)), shard
+        )
+        fetch = zero.layer_fetch(layout, shard)
+        shared, pieces = layout.split(chunk)
+        parts = [layout.split(r) for r in mine]  # per level: (shared part, layers' parts)
+        sink = jnp.zeros((layout.layers, layout.layer_values), jnp.float32)
+
+        def objective(shared, sink, residuals):
+            params = {**gather(shared, residuals), "blocks": (pieces, sink)}
+            return _local_loss(params, tokens, cfg, mesh_cfg, data, fetch)
+
+        res = tuple(p[0] for p in parts)
+        local, (g, layers, done) = jax.value_and_grad(objective, argnums=(0, 1, 2))(
+            shared, sink, res
+        )
+        layers = jnp.pad(layers, ((0, 0), (0, layout.layer_padded - layout.layer_values)))
+        steps = zero.levels(shard)[:scattered]
+        if mine:
+            layers, new = zero.scatter_layers(layers, steps, [p[1] for p in parts])
+            done = tuple(layout.join(s, n) for s, n in zip(done, new, strict=True))
+        else:
+            layers = zero.scatter_layers(layers, steps)
+        g = layout.join(g, layers)
     loss = zero.psum_scalar(local, (*shard.axes, "pipe"))
     g, opt_state = zero.reduce(g, opt_state, layout, shard, scattered, done)
     return loss, g, opt_state

@@ -26,6 +26,8 @@ The collectives are compressed by the policy of `jaxhc.context` (the train step 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -144,20 +146,21 @@ def reduce_gradients(grads, layout: FlatLayout, residual=None, shard=None, scatt
     return flat if residual is None else (flat, out[1])
 
 
-def gather_params(layout: FlatLayout, shard: ShardPlan, shared_grads):
+def gather_params(unflatten, flatten, shard: ShardPlan):
     """Sharded parameters (s_p > 1): ``gather(chunk, residuals) -> parameter tree``, the
-    device's 1/s_p chunk all-gathered over the parameter group, outermost sub-axis first
-    (``kind="param"``), and unflattened. Its reverse mode is the gradients' reduce-scatter over
-    the same levels, innermost first (``kind="grad"``): the cotangent tree, after
-    `shared_grads` (the end stages' sum of the shared embeddings' gradients), is flattened and
+    device's 1/s_p chunk of a flat vector all-gathered over the parameter group, outermost
+    sub-axis first (``kind="param"``), and `unflatten`ed. Its reverse mode is the gradients'
+    reduce-scatter over the same levels, innermost first (``kind="grad"``): the cotangent tree
+    is `flatten`ed (after the end stages' sum of the shared embeddings' gradients) and
     scattered, so the chunk's gradient is the partial sum `reduce_gradients(..., scattered=)`
     continues. `residuals` (error feedback: the parameter levels' residuals, or ()) come back as
     their own cotangent: the new residuals.
 
     The gathered parameters are not a residual of this function (its backward needs none of
     them): the device holds them once, for the forward and as the model's own autodiff
-    residuals, and frees them after the backward. The whole local vector is gathered at once
-    (the flat layout of `FlatLayout`), not layer by layer.
+    residuals, and frees them after the backward. With ``mesh.shard.gather: whole`` this
+    gathers the whole local vector; per layer it gathers the shared parameters (`layer_fetch`
+    gathers the layers').
     """
     param_steps = levels(shard)[: len(shard.param_axes)]
 
@@ -165,13 +168,13 @@ def gather_params(layout: FlatLayout, shard: ShardPlan, shared_grads):
     def gather(chunk, residuals):
         for axis in shard.param_axes:
             chunk = jaxhc.all_gather(chunk, axis, tiled=True, kind="param")
-        return layout.unflatten(chunk)
+        return unflatten(chunk)
 
     def fwd(chunk, residuals):
         return gather(chunk, residuals), residuals
 
     def bwd(residuals, ct):
-        flat = layout.flatten(shared_grads(ct))
+        flat = flatten(ct)
         if not residuals:
             return scatter_levels(flat, param_steps), residuals
         g, new = scatter_levels(flat, param_steps, list(residuals))
@@ -179,6 +182,83 @@ def gather_params(layout: FlatLayout, shard: ShardPlan, shared_grads):
 
     gather.defvjp(fwd, bwd)
     return gather
+
+
+def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
+    """Per-layer ZeRO-3: ``fetch(layer, h, (piece, sink)) -> layer(params, h)``, where params
+    are the layer's part of the device's parameter chunk (`FlatLayout.split`) all-gathered over
+    the parameter group, outermost sub-axis first (``kind="param"``), as `gather_params`
+    gathers the whole vector (the same bits: a layer's part of every chunk is that layer's own
+    chunk).
+
+    Its reverse mode gathers the parameters again: of the layer's autodiff residuals (`jax.vjp`)
+    it keeps all but the gathered parameters themselves, which the backward gathers anew and
+    puts back; so a device holds one layer's gathered parameters at a time, and the activations
+    are kept as without it. (`jax.checkpoint` cannot do this: it never recomputes an effectful
+    computation, and the ledger's callbacks make the gather one, so under a Ledger it would
+    keep the gathered parameters instead.)
+
+    The layer's gradient leaves through `sink` (a zero vector of the layer's values, unpadded:
+    `FlatLayout.layer_values`): its cotangent is the layer's local gradient, flattened, which
+    autodiff sums over the micro-batches before `scatter_layers` reduce-scatters it, in the
+    order the whole vector's reduction sums it. (Scattering each micro-batch's gradient in its
+    own backward would add the micro-batches after the ranks: other bits.) The piece gets no
+    cotangent.
+    """
+
+    def gathered(piece):
+        for axis in shard.param_axes:
+            piece = jaxhc.all_gather(piece, axis, tiled=True, kind="param")
+        return layout.layer_tree(piece)
+
+    def fetch(layer, h, xs):
+        where = {}  # the residuals' structure and which of them are gathered parameters
+
+        @jax.custom_vjp
+        def run(h, piece, sink):
+            return layer(gathered(piece), h)
+
+        def fwd(h, piece, sink):
+            params = gathered(piece)
+            out, pullback = jax.vjp(layer, params, h)
+            leaves, where["tree"] = jax.tree.flatten(pullback)
+            index = {id(p): i for i, p in enumerate(jax.tree.leaves(params))}
+            where["params"] = [index.get(id(x)) for x in leaves]
+            kept = [
+                None if i is not None else x for x, i in zip(leaves, where["params"], strict=True)
+            ]
+            return out, (piece, kept)
+
+        def bwd(res, ct):
+            piece, kept = res
+            params = jax.tree.leaves(gathered(piece))  # the second gather
+            leaves = [
+                x if i is None else params[i] for x, i in zip(kept, where["params"], strict=True)
+            ]
+            ct_params, ct_h = where["tree"].unflatten(leaves)(ct)
+            flat = layout.layer_flat(jax.tree.map(lambda x: x[None], ct_params), pad=False)
+            return ct_h, None, flat[0]
+
+        run.defvjp(fwd, bwd)
+        return run(h, *xs)
+
+    return fetch
+
+
+def scatter_layers(grads, steps, residuals=None):
+    """Reduce-scatter each layer's local gradient (a row of `grads`, (layers, padded segment))
+    over the parameter levels `steps`, innermost first (``kind="grad"``), one layer at a time;
+    with `residuals` (error feedback: per level, (layers, ...) rows), (chunks, new residuals)."""
+
+    def one(_, xs):
+        if residuals is None:
+            return None, scatter_levels(xs, steps)
+        g, new = scatter_levels(xs[0], steps, list(xs[1]))
+        return None, (g, tuple(new))
+
+    xs = grads if residuals is None else (grads, tuple(residuals))
+    out = lax.scan(one, None, xs)[1]
+    return out if residuals is None else (out[0], list(out[1]))
 
 
 def chunk_start(layout: FlatLayout, shard: ShardPlan | None = None) -> jax.Array:

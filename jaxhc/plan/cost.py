@@ -7,7 +7,9 @@ levels that cross nodes, the precision and whether layers are recomputed.
 
 Memory (bytes per device; psi = the device's parameters, its tensor x pipe block):
   float32 (jaxhc): P = 4 psi (s_p = 1: the parameter tree) or 4 psi_pad / s_p (its chunk of the
-                   flat vector padded to 4 x data), G = 4 psi_pad / s_g (the reduced chunk, a
+                   padded flat vector: its segments, the shared parameters and each layer, in
+                   data pieces of whole codec blocks; estimated: 4 x data), G = 4 psi_pad / s_g
+                   (the reduced chunk, a
                    temporary), OS = 12 psi_pad / s_os (two AdamW moments and the master copy) + 8,
                    with error feedback + 4 x the residual of every reduce-scatter level (the
                    vector it sends: psi_pad innermost, 1/(the inner levels' ranks) of it further
@@ -20,15 +22,21 @@ Memory (bytes per device; psi = the device's parameters, its tensor x pipe block
                    recomputation each layer keeps its input only, plus one layer's full set
   temporaries:     logits and their gradient (float32, vocab / tensor per token of a micro-batch);
                    float32: the whole unreduced gradient 4 psi_pad (jaxhc's step reduces it at
-                   the end), and for s_p > 1 the whole gathered parameter vector 4 psi_pad;
+                   the end), and for s_p > 1 the whole gathered parameter vector 4 psi_pad
+                   (``gather: whole``) or the gathered shared parameters and two layers' (per
+                   layer: the one in use and its backward's re-gather);
                    mixed: one layer's gradient (a bucket), and for s_p > 1 two layers' gathered
                    parameters (the one in use and the next)
 
 Collectives per step, per device (ring algorithms; n the bytes of the flat vector in the
 precision moved: 4 psi float32, 2 psi mixed), level by level over the nested data axis:
   param gather (s_p > 1):   all-gather n / s_p -> n over the levels inside s_p, outermost first;
-                            float32 (jaxhc): once per step, the whole vector for the forward (its
-                            reverse mode is the gradients' reduce-scatter): (s_p - 1) / s_p n;
+                            float32 (jaxhc), ``gather: whole``: once per step, the whole vector
+                            for the forward (its reverse mode is the gradients' reduce-scatter):
+                            (s_p - 1) / s_p n; per layer (the default): the shared segment once,
+                            each layer's forward and again backward, every micro-batch (L
+                            messages per pass instead of one), the gradients reduce-scattered
+                            per layer over s_p's levels;
                             mixed (ZeRO-3 style, layer by layer): forward and backward, every
                             micro-batch: 2 m (s_p - 1) / s_p n
   grad reduce-scatter:      level by level, innermost first, to n / data, once per step (mixed
@@ -94,6 +102,12 @@ class Layout:
     codec: str = "none"  # for the data levels whose group crosses nodes
     precision: str = "float32"
     recompute: bool = False
+    gather: str = "layer"  # float32, s_p > 1: ``mesh.shard.gather`` (per layer or whole)
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether jaxhc's step (float32) gathers sharded parameters layer by layer."""
+        return self.params > 1 and self.precision == "float32" and self.gather == "layer"
 
     @property
     def sizes(self) -> tuple[int, int, int]:
@@ -120,6 +134,7 @@ class Layout:
             "grads": self.grads,
             "optim": self.optim,
             "groups": list(self.groups),
+            "gather": self.gather,
         }
         return {
             "data": self.data,
@@ -261,14 +276,30 @@ def _param_shapes(gpt):
 
 
 def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
-    """(parameters on the device, its flat vector padded to 4 x data): exact (jaxhc's layout)
-    for a model jaxhc trains in float32, else `ModelShape.device_params`."""
+    """(parameters on the device, its padded flat vector): exact (jaxhc's layout) for a model
+    jaxhc trains in float32, else `ModelShape.device_params` padded to 4 x data."""
     if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
         return fl.size, fl.padded
     size = shape.device_params(lay.tensor, lay.pipe)
     q = 4 * lay.data
     return size, -(-size // q) * q
+
+
+def device_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
+    """(shared segment, one layer's segment, local layers) of the device's flat vector, padded
+    values (`jaxhc.parallel.layout.FlatLayout`): exact for a model jaxhc trains in float32."""
+    from jaxhc.parallel.layout import ALIGN
+
+    layers = shape.layers // lay.pipe
+    q = ALIGN * lay.data
+    if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
+        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
+        return fl.shared_padded, fl.layer_padded, fl.layers
+    _, padded = device_params(shape, lay)
+    per_device = -(-shape.layer_params() // lay.tensor)
+    layer = -(-per_device // q) * q
+    return max(padded - layers * layer, 0), layer, layers
 
 
 def tokens_per_microbatch(lay: Layout, batch: int, seq: int) -> tuple[int, int]:
@@ -312,7 +343,10 @@ def memory(
         act = inflight * layers * full
     layer = -(-shape.layer_params() // t)
     temp = 2 * 4 * tok * -(-shape.vocab // t)
-    if lay.precision == "float32":  # the unreduced gradient; s_p > 1: the gathered parameters
+    if lay.per_layer:  # the unreduced gradient, the gathered shared parameters and layers (the
+        shared, one, _ = device_segments(shape, lay)  # one in use, its backward's re-gather)
+        temp += 4 * (padded + shared + 2 * one)
+    elif lay.precision == "float32":  # the unreduced gradient; s_p > 1: the gathered parameters
         temp += 4 * padded * (2 if lay.params > 1 else 1)
     else:  # a layer's gradient bucket; s_p > 1: the layer in use and the next, gathered
         temp += eg * layer + (2 * ep * layer if lay.params > 1 else 0)
@@ -371,21 +405,34 @@ def collectives(
         out.append(Comm(lay.axis(i), kind, op, k, span, message, itemsize, count, codec, members))
 
     inside = lambda s: [i for i, g in enumerate(levels) if g <= s]  # noqa: E731
-    # parameter gathers (s_p > 1), outermost level first: jaxhc's step (float32) once (forward),
-    # the whole vector; layer by layer, forward and backward, every micro-batch in mixed
+    # parameter gathers (s_p > 1), outermost level first: jaxhc's step (float32) the whole vector
+    # once (forward) or per layer (the shared segment once, each layer's forward and backward,
+    # every micro-batch); layer by layer, forward and backward, every micro-batch in mixed
     layerwise = lay.precision != "float32"
-    if lay.params > 1:
-        n = padded // lay.params
+    if lay.per_layer:
+        shared, one, layers = device_segments(shape, lay)
+        gathers, scatters = [(shared, 1), (one, 2 * m * layers)], [(shared, 1), (one, layers)]
+    else:
+        gathers, scatters = [(padded, 2 * m if layerwise else 1)], []
+    for whole, count in gathers if lay.params > 1 else ():
+        n = whole // lay.params
         for i in reversed(inside(lay.params)):
-            add(i, "param", "all_gather", n, ep, 2 * m if layerwise else 1)
+            add(i, "param", "all_gather", n, ep, count)
             n *= factors[i]
     # gradient reduce-scatter, innermost first, to 1/data (once a step; per micro-batch inside
-    # s_g for a layer-wise s_p > 1, which keeps no whole gradient)
+    # s_g for a layer-wise s_p > 1, which keeps no whole gradient; per layer inside s_p for
+    # jaxhc's per-layer gathers, after the micro-batches' sum)
     per_micro = layerwise and lay.params > 1
+    for whole, count in scatters:
+        n = whole
+        for i in inside(lay.params):
+            add(i, "grad", "psum_scatter", n, eg, count)
+            n //= factors[i]
     n = padded
     for i in range(len(levels)):
         count = m if per_micro and levels[i] <= lay.grads else 1
-        add(i, "grad", "psum_scatter", n, eg, count)
+        if not (scatters and levels[i] <= lay.params):
+            add(i, "grad", "psum_scatter", n, eg, count)
         n //= factors[i]
     for i in reversed(range(len(levels))):  # back over the levels outside the gradient group
         if levels[i] > lay.grads:

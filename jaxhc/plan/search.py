@@ -100,9 +100,14 @@ def enumerate_layouts(
             for tri, levels in shapes:
                 crosses = levels[-1] * t * p > per_node  # a data level crosses nodes
                 policy = codecs[0].startswith("policy ")
+                # jaxhc's sharded parameters, gathered per layer or whole (`mesh.shard.gather`)
+                sharded = tri[0] > 1 and precision == "float32"
                 for codec in codecs if crosses or policy else ("none",):
                     for rc in (False, True):
-                        yield Layout(data, t, p, m, *tri, levels, codec, precision, rc)
+                        for gather in ("layer", "whole") if sharded else ("layer",):
+                            yield Layout(
+                                data, t, p, m, *tri, levels, codec, precision, rc, gather=gather
+                            )
 
 
 def evaluate(
@@ -202,8 +207,9 @@ def row(i, c: Candidate) -> str:
     groups = list(lay.groups) if len(lay.levels) > 1 else "flat"
     mem = [_gib(x) for x in (m.params, m.grads, m.optim, m.activations, m.temporaries, m.total)]
     return (
-        f"| {i} | {lay.tensor} | {lay.pipe} | {lay.data} | {lay.params} | {lay.grads} | "
-        f"{lay.optim} | {groups} | {lay.codec} | {'yes' if lay.recompute else 'no'} | "
+        f"| {i} | {lay.tensor} | {lay.pipe} | {lay.data} | {lay.params}{_whole(lay)} | "
+        f"{lay.grads} | {lay.optim} | {groups} | {lay.codec} | "
+        f"{'yes' if lay.recompute else 'no'} | "
         + " | ".join(mem)
         + f" | {c.comm_bytes / 1e9:.2f} | {c.comm_seconds:.3g} | {c.family} | {c.trainable} |"
     )
@@ -216,7 +222,13 @@ def describe(lay: Layout, codec: bool = True) -> str:
         f"{lay.sizes} groups {groups}"
         + (f" codec {lay.codec}" if codec else "")
         + (" with recomputation" if lay.recompute else "")
+        + (", parameters gathered whole" if _whole(lay) else "")
     )
+
+
+def _whole(lay: Layout) -> str:
+    """A mark for jaxhc's sharded parameters gathered whole (`mesh.shard.gather`)."""
+    return " whole" if lay.params > 1 and lay.precision == "float32" and not lay.per_layer else ""
 
 
 def table(rows: list[Candidate], top: int = 10, rejected: int = 10) -> str:

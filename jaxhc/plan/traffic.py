@@ -1,10 +1,14 @@
 """Per-device bytes and time of a step's data-parallel collectives under a sharding plan.
 
-With sharded parameters (s_p > 1) the step first all-gathers the device's 1/s_p chunk of its
-padded flat vector over the parameter group's levels, outermost first ((k - 1) x chunk per level,
-the chunk growing k-fold), once per step (the forward; the backward keeps the gathered copy). The
+With sharded parameters (s_p > 1) the step all-gathers the device's 1/s_p chunk of its padded
+flat vector over the parameter group's levels, outermost first ((k - 1) x chunk per level, the
+chunk growing k-fold): with ``mesh.shard.gather: whole`` once per step (the forward; the backward
+keeps the gathered copy); per layer (the default) the shared parameters' segment once and each
+layer's segment before the layer runs, forward and again backward, for every micro-batch
+(2 x microbatches x local layers messages of a layer's chunk). The
 train step (`jaxhc.parallel.zero`) reduce-scatters the flat gradient vector (n bytes) level by
-level, innermost first, once per step (not per micro-batch): over a level of k ranks
+level, innermost first, once per step (not per micro-batch; per layer, over the parameter
+group's levels, the shared segment and each layer's as their own messages): over a level of k ranks
 (k - 1) / k x n, after which n shrinks k-fold; it all-gathers the reduced chunk back over the
 levels outside the gradient group, outermost first ((k - 1) x n per level, n growing k-fold), and
 then the updated optimizer-state chunk (c bytes) over the optimizer-state group's levels outside
@@ -39,8 +43,9 @@ class Collective:
     op: str  # "psum_scatter" or "all_gather"
     ranks: int  # its participants
     group: int  # the data ranks of the group this level closes (its size times the inner ones)
-    bytes: float
+    bytes: float  # per call
     message: int  # the float32 values this device passes in
+    count: int = 1  # calls per step
 
     def wire(self, policy=None) -> float:
         """The bytes it moves under `policy` (a Policy, preset or YAML path; None: raw), as
@@ -59,11 +64,12 @@ class Collective:
         return (self.ranks - 1) * codec.payload_bytes(row, jnp.float32) + agree
 
 
-def data_collectives(mesh: MeshConfig, flat_bytes: int) -> list[Collective]:
+def data_collectives(mesh: MeshConfig, flat_bytes: int, segments=None) -> list[Collective]:
     """The data-axis collectives of one train step on a device whose padded flat parameter
     vector has `flat_bytes` bytes, in the order the step runs them: with sharded parameters
-    (s_p > 1) first the parameters' all-gather over the parameter group (once, forward: its
-    reverse mode is the gradients' reduce-scatter over the same levels)."""
+    (s_p > 1) first the parameters' all-gathers over the parameter group (their reverse mode is
+    the gradients' reduce-scatter over the same levels). Gathered per layer, `segments` gives
+    the flat layout's (shared segment bytes, a layer's segment bytes, local layers)."""
     shard = ShardPlan.of(mesh)
     inner = dict.fromkeys(shard.axes, 1)
     n = 1
@@ -71,27 +77,47 @@ def data_collectives(mesh: MeshConfig, flat_bytes: int) -> list[Collective]:
         n *= size
         inner[axis] = n
     size_of = dict(zip(shard.axes, shard.sizes, strict=True))
+    levels = list(zip(shard.axes, shard.sizes, strict=True))
+    param_axes = shard.param_axes  # () when s_p = 1
     out = []
-    p = flat_bytes // shard.params
-    for axis in shard.param_axes if shard.sharded_params else ():
-        k = size_of[axis]
-        if k > 1:
-            out.append(Collective(axis, "param", "all_gather", k, inner[axis], (k - 1) * p, p // 4))
-            p *= k
-    n = flat_bytes  # divisible by every group size (the padding)
-    for axis, k in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
-        if k > 1:
-            bytes_ = (k - 1) / k * n
-            out.append(Collective(axis, "grad", "psum_scatter", k, inner[axis], bytes_, n // 4))
+
+    def add(axis, kind, op, k, bytes_, n, count=1):
+        out.append(Collective(axis, kind, op, k, inner[axis], bytes_, n // 4, count))
+
+    # the messages over the parameter group, (bytes, calls per step): gathered, and their
+    # reverse mode's reduce-scatters
+    if shard.per_layer:
+        shared, layer, layers = segments
+        gathers = [(shared, 1), (layer, 2 * mesh.microbatches * layers)]
+        scatters = [(shared, 1), (layer, layers)]
+    else:
+        gathers = scatters = [(flat_bytes, 1)]
+    for whole, count in gathers:
+        p = whole // shard.params
+        for axis in param_axes:
+            if (k := size_of[axis]) > 1:
+                add(axis, "param", "all_gather", k, (k - 1) * p, p, count)
+                p *= k
+    for whole, count in scatters:
+        n = whole
+        for axis, k in reversed(levels):
+            if axis in param_axes:
+                if k > 1:
+                    add(axis, "grad", "psum_scatter", k, (k - 1) / k * n, n, count)
+                n //= k
+    n = flat_bytes // shard.params  # the levels outside the parameter group, the whole vector
+    for axis, k in reversed(levels):
+        if axis not in param_axes:
+            if k > 1:
+                add(axis, "grad", "psum_scatter", k, (k - 1) / k * n, n)
             n //= k
-    for axis, k in zip(shard.axes, shard.sizes, strict=True):
+    for axis, k in levels:
         if k > 1 and axis not in shard.grad_axes:
-            out.append(Collective(axis, "grad", "all_gather", k, inner[axis], (k - 1) * n, n // 4))
+            add(axis, "grad", "all_gather", k, (k - 1) * n, n)
             n *= k
     m = flat_bytes // shard.optim
     for axis in shard.optim_axes:  # up to the parameter chunk: not over the parameter group
-        k = size_of[axis]
-        if k > 1 and axis not in (shard.param_axes if shard.sharded_params else ()):
-            out.append(Collective(axis, "param", "all_gather", k, inner[axis], (k - 1) * m, m // 4))
+        if (k := size_of[axis]) > 1 and axis not in param_axes:
+            add(axis, "param", "all_gather", k, (k - 1) * m, m)
             m *= k
     return out
