@@ -8,11 +8,12 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     ).strip()
 
 
-# `make test` runs the modules on two pytest-xdist workers (--dist loadscope --no-loadscope-reorder:
-# a module on one worker, in collection order, each worker two modules ahead). The longest modules (shared
-# training runs, multi-process jobs: minutes each) go first, so the short ones fill in at the end
-# instead of one worker running a long module alone while the other idles; multi-process modules
-# alternate with in-process ones, so that two of them rarely run at once.
+# `make test` runs the modules on two pytest-xdist workers (--dist loadscope
+# --no-loadscope-reorder: a module on one worker, in collection order, each worker two modules
+# ahead). The longest modules (shared training runs, multi-process jobs: minutes each) go first,
+# so the short ones fill in at the end instead of one worker running a long module alone while
+# the other idles; multi-process modules alternate with in-process ones, so that two of them
+# rarely run at once.
 LONGEST_FIRST = (
     "test_train_mpi.py",
     "test_amsp.py",
