@@ -108,8 +108,9 @@ def update_gather(comms) -> int | None:
 
 
 def chain(comms, policy, chunk: bool = False):
-    """A per-shard function running `comms` in order through jaxhc's collectives. Each takes the
-    previous one's result, cut to its message (the gradient's all-gather back, then the update's
+    """A per-shard function running `comms` in order through jaxhc's collectives, each as many
+    times as the step calls it (`Comm.count`). Each takes the previous one's result, cut to its
+    message (the gradient's all-gather back, then the update's
     chunk). With `chunk`, the function takes a second input, the device's updated chunk, which
     the update's first parameter all-gather gathers (`update_gather`), as the train step gathers
     its optimizer's chunk: a cut of the gathered gradient would add a copy the step does not make;
@@ -123,11 +124,14 @@ def chain(comms, policy, chunk: bool = False):
         for i, c in enumerate(comms):
             if i == own:
                 grads, v = v, update[0].reshape(-1)
-            v = v[: c.message]
-            if c.op == "psum_scatter":
-                v = jaxhc.psum_scatter(v, c.axis, tiled=True, policy=pol, kind=c.kind)
-            else:
-                v = jaxhc.all_gather(v, c.axis, tiled=True, policy=pol, kind=c.kind)
+            for _ in range(c.count):  # its calls per step (a layer's gathers: 2 x micro-batches)
+                if v.shape[0] < c.message:  # after a layer's gather, the gradients' scatter: the
+                    v = x.reshape(-1) + 0 * v[0]  # input again, after the previous op
+                v = v[: c.message]
+                if c.op == "psum_scatter":
+                    v = jaxhc.psum_scatter(v, c.axis, tiled=True, policy=pol, kind=c.kind)
+                else:
+                    v = jaxhc.all_gather(v, c.axis, tiled=True, policy=pol, kind=c.kind)
         if not chunk:
             return v[None]
         # a value of the gradients' result too, or XLA drops their collectives as unused
