@@ -1,16 +1,17 @@
 """The planner's collective time against a measurement across shaped links (one MPI rank per host).
 
     .venv/bin/python -m bench.links run --hosts 4 --rate 1gbit -- \
-        .venv/bin/python bench/plan_links.py --gbit 1 --out bench/results/plan_links.json
+        .venv/bin/python bench/plan_links.py --gbit 1 [--measure-links] --out PATH.json
 
 Each rank is a host of `bench/links` (a network namespace whose egress is shaped to --gbit), so
 every data group crosses nodes: the cluster is `hosts` nodes of one device, joined by --gbit links
-whose latency is measured here (a 1-byte MPI ping-pong between ranks 0 and 1), and zfp:8's
-speeds are measured on every rank at once (the hosts share this machine's cores, as the fused
-collectives' codecs do). For each plan of `bench/plan_check.py`'s kind (data = hosts), the data
-collectives of one train step run alone on the MPI transport (`--transport mpi`'s fused native
-calls), raw and under zfp:8 on every data level: best and median of --repeats, against the cost
-model's prediction. Rank 0 writes the JSON.
+(or, with --measure-links, links of the bandwidth raw all-gathers of other sizes reach across all
+hosts at once) whose latency is measured here (a 1-byte MPI ping-pong between ranks 0 and 1),
+and zfp:8's speeds are measured on every rank at once (the hosts share this machine's cores, as
+the fused collectives' codecs do). For each plan of `bench/plan_check.py`'s kind (data =
+hosts), the data collectives of one train step run alone on the MPI transport (`--transport
+mpi`'s fused native calls), raw and under zfp:8 on every data level: best and median of
+--repeats, against the cost model's prediction. Rank 0 writes the JSON.
 """
 
 from __future__ import annotations
@@ -96,6 +97,38 @@ def measure(comms, lay: Layout, policy, repeats: int, comm):
     return min(times), statistics.median(times), comm.allreduce(wire) / comm.Get_size()
 
 
+# Calibration sizes (float32 values per rank's chunk): 0.5 and 6 MiB, none of the plans' messages.
+LINK_VALUES = (2**17, 3 * 2**19)
+
+
+def link_gbit(comm, latency_s: float, repeats: int) -> float:
+    """The links' bandwidth as the collectives see it: raw all-gathers over every host of
+    `LINK_VALUES` values a rank (through the MPI transport, as the plans run), the best run (the
+    slowest rank's) of each, fitted to t = (k - 1) (latency + chunk bytes / bandwidth) from the
+    two sizes (Gbit/s)."""
+    k = comm.Get_size()
+    launcher = jaxhc.Launcher({"data": k, "tensor": 1}, "mpi")
+    spec = P(("data", "tensor"))
+    step = launcher.shard_map(
+        lambda v: jaxhc.all_gather(v, "data", tiled=True, kind="grad"),
+        in_specs=spec,
+        out_specs=spec,
+    )
+    seconds = []
+    for values in LINK_VALUES:
+        x = jnp.zeros((1, values), jnp.float32)
+        jax.block_until_ready(step(x))
+        times = []
+        for _ in range(repeats):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            jax.block_until_ready(step(x))
+            times.append(comm.allreduce(time.perf_counter() - t0, op=_mpi().MAX))
+        seconds.append(min(times))
+    per_step = (seconds[1] - seconds[0]) / (k - 1)  # of (LINK_VALUES[1] - [0]) * 4 bytes more
+    return (LINK_VALUES[1] - LINK_VALUES[0]) * 4 * 8 / per_step / 1e9
+
+
 def _mpi():
     from mpi4py import MPI
 
@@ -105,6 +138,12 @@ def _mpi():
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gbit", type=float, required=True, help="the links' rate (Gbit/s)")
+    ap.add_argument(
+        "--measure-links",
+        action="store_true",
+        help="model the links at the bandwidth raw all-gathers of other sizes reach (link_gbit) "
+        "instead of --gbit",
+    )
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default="bench/results/plan_links.json")
     args = ap.parse_args(argv)
@@ -115,7 +154,8 @@ def main(argv=None) -> int:
     lat = latency_us(comm)
     speeds = profile.codec_speeds(["zfp:8"], mib=4, repeats=args.repeats)["zfp:8"]
     speeds = {k: comm.allreduce(speeds[k]) / hosts for k in ("encode_gb_s", "decode_gb_s")}
-    link = {"gbit_s": args.gbit, "latency_us": lat}
+    gbit = link_gbit(comm, lat * 1e-6, args.repeats) if args.measure_links else args.gbit
+    link = {"gbit_s": gbit, "latency_us": lat}
     cluster = clusters.from_dict(
         {
             "name": f"{hosts} namespace hosts, {args.gbit:g} Gbit/s",
@@ -136,7 +176,12 @@ def main(argv=None) -> int:
             if comm.Get_rank() == 0:
                 rows.append(plan_row(lay, policy, comms, predicted, best, median, wire, "median"))
     if comm.Get_rank() == 0:
-        calibration = {"link": link, "zfp:8": speeds}
+        how = (
+            f"bandwidth from raw all-gathers of {LINK_VALUES} values a rank (--measure-links)"
+            if args.measure_links
+            else f"bandwidth: the shaping rate --gbit {args.gbit:g}"
+        )
+        calibration = {"link": link, "link_bandwidth": how, "zfp:8": speeds}
         write_report(args.out, shape, calibration, cluster, rows, "median")
     return 0
 
