@@ -88,24 +88,31 @@ def measure(comms, lay: Layout, policy, repeats: int, comm):
     with ledger:
         jax.block_until_ready(step(x))
     wire = sum(v["wire_bytes"] for v in ledger.per_axis(devices=1).values())
+    times = slowest_runs(comm, lambda: step(x), repeats)
+    return min(times), statistics.median(times), comm.allreduce(wire) / comm.Get_size()
+
+
+def slowest_runs(comm, fn, repeats: int) -> list[float]:
+    """Seconds of `repeats` runs of `fn()` started together on every rank, each the slowest
+    rank's."""
     times = []
     for _ in range(repeats):
         comm.Barrier()
         t0 = time.perf_counter()
-        jax.block_until_ready(step(x))
+        jax.block_until_ready(fn())
         times.append(comm.allreduce(time.perf_counter() - t0, op=_mpi().MAX))
-    return min(times), statistics.median(times), comm.allreduce(wire) / comm.Get_size()
+    return times
 
 
 # Calibration sizes (float32 values per rank's chunk): 0.5 and 6 MiB, none of the plans' messages.
 LINK_VALUES = (2**17, 3 * 2**19)
 
 
-def link_gbit(comm, latency_s: float, repeats: int) -> float:
+def link_gbit(comm, repeats: int) -> float:
     """The links' bandwidth as the collectives see it: raw all-gathers over every host of
     `LINK_VALUES` values a rank (through the MPI transport, as the plans run), the best run (the
     slowest rank's) of each, fitted to t = (k - 1) (latency + chunk bytes / bandwidth) from the
-    two sizes (Gbit/s)."""
+    two sizes (the latency cancels; Gbit/s)."""
     k = comm.Get_size()
     launcher = jaxhc.Launcher({"data": k, "tensor": 1}, "mpi")
     spec = P(("data", "tensor"))
@@ -118,13 +125,7 @@ def link_gbit(comm, latency_s: float, repeats: int) -> float:
     for values in LINK_VALUES:
         x = jnp.zeros((1, values), jnp.float32)
         jax.block_until_ready(step(x))
-        times = []
-        for _ in range(repeats):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            jax.block_until_ready(step(x))
-            times.append(comm.allreduce(time.perf_counter() - t0, op=_mpi().MAX))
-        seconds.append(min(times))
+        seconds.append(min(slowest_runs(comm, lambda: step(x), repeats)))  # noqa: B023
     per_step = (seconds[1] - seconds[0]) / (k - 1)  # of (LINK_VALUES[1] - [0]) * 4 bytes more
     return (LINK_VALUES[1] - LINK_VALUES[0]) * 4 * 8 / per_step / 1e9
 
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
     lat = latency_us(comm)
     speeds = profile.codec_speeds(["zfp:8"], mib=4, repeats=args.repeats)["zfp:8"]
     speeds = {k: comm.allreduce(speeds[k]) / hosts for k in ("encode_gb_s", "decode_gb_s")}
-    gbit = link_gbit(comm, lat * 1e-6, args.repeats) if args.measure_links else args.gbit
+    gbit = link_gbit(comm, args.repeats) if args.measure_links else args.gbit
     link = {"gbit_s": gbit, "latency_us": lat}
     cluster = clusters.from_dict(
         {
