@@ -75,6 +75,8 @@ def single(tmp_path_factory):
     return out, policy
 
 
+# CI time (46-81 s; `make test` ran 20:16 on a slow day): `make test-all` runs it.
+@pytest.mark.slow
 def test_slurm_tasks_train_and_resume_as_one_process_does(single, tmp_path):
     """Two steps started as SLURM starts tasks, two more resumed from the checkpoint as jaxhc's
     variables start processes: the run of one process, bit for bit."""
