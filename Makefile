@@ -3,8 +3,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CUDA module is compiled whenever nvcc is found (CI compiles it so it cannot rot).
+# The CUDA module is compiled whenever nvcc is found (CI compiles it so it cannot rot): for
+# sm_80 and sm_90 where a GPU is present, for sm_90 alone where none is (a compile check: one
+# architecture builds the same sources in 60 % of the time).
 JAXHC_CUDA ?= $(if $(shell command -v nvcc 2>/dev/null),ON,OFF)
+JAXHC_CUDA_ARCHS ?= $(if $(shell nvidia-smi -L 2>/dev/null),80;90,90)
 NATIVE_SOURCES := CMakeLists.txt pyproject.toml $(wildcard ffi/*/*.h ffi/*/*.cc ffi/*/*.cu)
 PYTEST := $(BIN)/python -m pytest
 XLA_HOST8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
@@ -32,7 +35,8 @@ $(VENV)/.deps: pyproject.toml $(VENV)/.system
 	touch $@
 
 $(VENV)/.native: $(VENV)/.deps $(NATIVE_SOURCES)
-	JAXHC_CUDA=$(JAXHC_CUDA) $(BIN)/python -m pip install -q --no-build-isolation -e ".[dev]"
+	JAXHC_CUDA=$(JAXHC_CUDA) JAXHC_CUDA_ARCHS="$(JAXHC_CUDA_ARCHS)" \
+	  $(BIN)/python -m pip install -q --no-build-isolation -e ".[dev]"
 	touch $@
 
 native: $(VENV)/.native
@@ -82,10 +86,17 @@ test-mpi: setup-mpi
 # runs) on one worker, in the order tests/conftest.py gives (longest first; xdist's own reorder
 # would put the modules with the fewest tests, the multi-process ones, last). (xdist's loadgroup
 # marks do not group under pytest 9: it sets a node id attribute pytest no longer reads.)
+# Programs compiled again by other tests and subprocesses (the same step resumed, retrained,
+# run by a CLI child) come from a JAX compilation cache of this run, removed at its end (the quick
+# suite: ~10 % less CPU; results are those of the same executables).
+JAX_CACHE = JAX_COMPILATION_CACHE_DIR="$$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 test: setup setup-mpi
-	$(XLA_HOST8) $(PYTEST) -q -n 2 --dist loadscope --no-loadscope-reorder --durations=25 \
-	  -m "not slow and not mpi"
-	@$(MAKE) --no-print-directory test-mpi
+	@cache=$$(mktemp -d /tmp/jaxhc-test-jit.XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
+	  echo "JAX compilation cache: $$cache" && \
+	  $(XLA_HOST8) $(JAX_CACHE) $(PYTEST) -q -n 2 --dist loadscope --no-loadscope-reorder \
+	    --durations=25 -m "not slow and not mpi" && \
+	  $(JAX_CACHE) $(MAKE) --no-print-directory test-mpi
 
 test-all: setup setup-mpi
 	$(XLA_HOST8) $(PYTEST) -q -m "not mpi"

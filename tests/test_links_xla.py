@@ -89,6 +89,9 @@ def test_train_across_two_namespace_hosts_equals_one_process(tmp_path):
     assert len(records(two)) == 2 and records(two)[-1]["wire_bytes"]["data"] > 0
 
 
+# CI time (~30 s): under `slow`; the quick suite kills a jax.distributed peer on loopback
+# (tests/test_mpi_launch.py), the same heartbeat path without the namespace hosts.
+@pytest.mark.slow
 @needs_cluster
 @pytest.mark.timeout(300)
 def test_a_killed_host_ends_the_job_within_60_s_naming_it(tmp_path):
