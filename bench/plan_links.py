@@ -11,7 +11,8 @@ and zfp:8's speeds are measured on every rank at once (the hosts share this mach
 the fused collectives' codecs do). For each plan of `bench/plan_check.py`'s kind (data =
 hosts), the data collectives of one train step run alone on the MPI transport (`--transport
 mpi`'s fused native calls), raw and under zfp:8 on every data level: best and median of
---repeats, against the cost model's prediction. Rank 0 writes the JSON.
+--repeats, against the cost model's prediction for that transport (`Layout.transport`: the
+fused calls pipeline codec and wire). Rank 0 writes the JSON.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
     rows = []
     for sizes, levels in PLANS[hosts]:
         for policy in (None, ZDATA):
-            lay = Layout(hosts, 1, 1, 1, *sizes, levels)
+            lay = Layout(hosts, 1, 1, 1, *sizes, levels, transport="mpi")
             comms, predicted = data_comms(shape, lay, cluster, policy)
             best, median, wire = measure(comms, lay, policy, args.repeats, comm)
             if comm.Get_rank() == 0:

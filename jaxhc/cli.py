@@ -226,6 +226,12 @@ def _plan_parser(sub) -> None:
     )
     p.add_argument("--mesh", help="fix tensor/pipe (and microbatches), e.g. tensor=2,pipe=1")
     p.add_argument(
+        "--transport",
+        choices=["xla", "mpi"],
+        default="xla",
+        help="the transport the plan trains on (mpi: fused calls pipeline codec and wire)",
+    )
+    p.add_argument(
         "--model-parallel",
         choices=["min", "all"],
         default="min",
@@ -260,6 +266,7 @@ def plan_rows(
     precision="float32",
     mesh=None,
     model_parallel="min",
+    transport="xla",
 ):
     """`jaxhc.plan.search` with the command line's choices."""
     from jaxhc.plan.cost import codec_by_policy
@@ -283,6 +290,7 @@ def plan_rows(
         pipes=[mesh["pipe"]] if "pipe" in mesh else None,
         codec_of=codec_of,
         model_parallel=model_parallel,
+        transport=transport,
     )
 
 
@@ -315,6 +323,7 @@ def cmd_plan(args) -> int:
         precision=args.precision,
         mesh=parse_mesh(args.mesh) if args.mesh else None,
         model_parallel=args.model_parallel,
+        transport=args.transport,
     )
     n = shape.params()
     count = f"{n / 1e9:.3f} B" if n >= 1e9 else f"{n / 1e6:.3f} M"
@@ -435,6 +444,7 @@ def plan_overrides(args, out_dir_for_policy) -> list[str]:
             cfg.train.batch_size,
             cfg.model.block_size,
             compression=cfg.compression,
+            transport=cfg.transport,
         )
         # the sampled fidelity needs every rank's whole local gradients: not with s_p > 1
         sharded_ok = cfg.train.fidelity_every == 0

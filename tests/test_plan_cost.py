@@ -244,6 +244,46 @@ def test_time_is_latency_bandwidth_and_codec():
     assert [op for op, _, _ in lossless.legs()] == ["all_to_all"]
 
 
+def test_fused_mpi_calls_pipeline_codec_and_wire():
+    """On the MPI transport a ZFP/MPC psum, reduce-scatter or all-gather is one fused call: its
+    S segments (SEGMENT_BYTES raw of a rank's chunk) pipeline codec and wire, max + min / S, and
+    only the reduce-scatter agrees on its flags in an extra all-reduce."""
+    from jaxhc.transport._mpi_fused import SEGMENT_BYTES
+
+    zfp = jaxhc.codecs.parse("zfp:8")
+    n = 3 * SEGMENT_BYTES // 4  # float32 values a rank passes in: 3 MiB
+    speed, inter = CLUSTER.codecs["zfp:8"], CLUSTER.inter
+    gather = Comm("data", "param", "all_gather", 4, 16, n, 4, 2, zfp, fused=True)
+    assert gather.legs() == [("all_gather", 3, gather.wire - 12)]  # flags ride in the messages
+    wire, codec = (gather.wire - 12) / inter.bandwidth, 4 * n / speed.encode + 16 * n / speed.decode
+    pipelined = max(wire, codec) + min(wire, codec) / 3  # its 3 MiB chunk: 3 segments
+    assert gather.seconds(CLUSTER) == pytest.approx(2 * (3 * inter.latency + pipelined))
+    unfused = dataclasses.replace(gather, fused=False)
+    assert unfused.seconds(CLUSTER) == pytest.approx(
+        2 * (9 * inter.latency + wire + 12 / inter.bandwidth + codec)
+    )
+    scatter = Comm("data", "grad", "psum_scatter", 4, 16, n, 4, 1, zfp, fused=True)
+    assert [op for op, _, _ in scatter.legs()] == ["psum_scatter", "psum"]  # its agreement
+    # which calls fuse: ZFP/MPC on the MPI transport, no error feedback, not q8 nor ppermute
+    lay = Layout(16, 1, 1, 1, 1, 16, 16, (4, 16), codec="zfp:8", transport="mpi")
+    comms = collectives(SHAPE, lay, 64, 16, CLUSTER)
+    inside, across = (False, "psum_scatter"), (True, "all_gather")  # inside a node: no codec
+    assert [(c.fused, c.op) for c in comms] == [
+        inside,
+        (True, "psum_scatter"),
+        across,
+        (False, "all_gather"),
+    ]
+    ef = {"codec": "zfp", "rate": 8, "error_feedback": True}
+    ef = codec_by_policy({"name": "ef", "min_bytes": 0, "axes": {"data": ef}})
+    grads = [c for c in collectives(SHAPE, lay, 64, 16, CLUSTER, ef) if c.kind == "grad"]
+    assert [(c.fused, c.codec is not None) for c in grads] == [(False, True), (False, True)]
+    q8 = dataclasses.replace(lay, codec="q8")
+    assert not any(c.fused for c in collectives(SHAPE, q8, 64, 16, CLUSTER))
+    xla = dataclasses.replace(lay, transport="xla")
+    assert not any(c.fused for c in collectives(SHAPE, xla, 64, 16, CLUSTER))
+
+
 MEASURED = {  # links.collectives of a one-node cluster (gbit_s, latency_us), as YAML writes them
     "psum_scatter": {2: {"gbit_s": 8, "latency_us": 100}, 4: {"gbit_s": 16, "latency_us": 50}},
     "all_to_all": {4: {"gbit_s": 4, "latency_us": 20}},

@@ -65,23 +65,32 @@ encodes its chunk and decodes k chunks) at the cluster's speeds; a codec that ma
 the flag's agreement, an all-reduce of 4 bytes a rank (2 (k - 1) latencies). Under a codec the
 payloads move as jaxhc's XLA transport moves them (`Comm.legs`: a reduce-scatter's by an
 all-to-all); a cluster's ``links.collectives`` gives an op over a group inside a node its own
-latency and bandwidth for that group size (measured by `jaxhc profile --links`). Collectives
-run one after the other and nothing overlaps with compute: a step's communication time is their
-sum.
+latency and bandwidth for that group size (measured by `jaxhc profile --links`). On the MPI
+transport (``Layout.transport``) a ZFP or MPC psum, reduce-scatter or all-gather without error
+feedback is one fused native call (`jaxhc.transport._mpi_fused`): its segments of
+SEGMENT_BYTES raw bytes are encoded, sent and decoded in a pipeline, so its wire time W and codec
+time C give max(W, C) + min(W, C) / S for S segments of a rank's chunk (a two-stage pipeline of
+equal segments), and its flags travel in the messages (only the reduce-scatter, whose ranks see
+only their own pieces, agrees in an extra all-reduce). Collectives run one after the other and
+nothing overlaps with compute: a step's communication time is their sum.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
-from jaxhc.codecs import Codec, parse
+from jaxhc.codecs import Codec, Mpc, Zfp, parse
 from jaxhc.collectives import _common as cc
 from jaxhc.plan.cluster import Cluster
 from jaxhc.plan.shapes import ModelShape
+from jaxhc.transport._mpi_fused import SEGMENT_BYTES
+
+FUSED_OPS = ("psum", "psum_scatter", "all_gather")  # the MPI transport's fused native calls
 
 PRECISIONS = {  # bytes per value: params, grads (and what they move as), activations
     "float32": (4, 4, 4),
@@ -103,6 +112,7 @@ class Layout:
     precision: str = "float32"
     recompute: bool = False
     gather: str = "layer"  # float32, s_p > 1: ``mesh.shard.gather`` (per layer or whole)
+    transport: str = "xla"  # how the collectives run: "xla" or "mpi" (`--transport`)
 
     @property
     def per_layer(self) -> bool:
@@ -159,6 +169,7 @@ class Comm:
     count: int  # times per step
     codec: Codec | None = None
     per_node: int = 1  # its ring's members in one node (consecutive), when it crosses nodes
+    fused: bool = False  # the MPI transport's fused native call (codec and wire pipelined)
 
     @property
     def raw(self) -> float:
@@ -197,6 +208,9 @@ class Comm:
             return [(self.op, steps, self.raw)]
         agree = cc.agreement_bytes(self.codec, k)
         payload = self.wire - agree
+        if self.fused:  # the call's own schedule; flags in its messages but a scatter's
+            agreed = self.op == "psum_scatter" and agree
+            return [(self.op, steps, payload)] + ([("psum", 2 * (k - 1), agree)] if agreed else [])
         if self.op == "psum_scatter":
             out = [("all_to_all", k - 1, payload)]
         elif self.op == "psum":
@@ -206,22 +220,28 @@ class Comm:
         return out + [("psum", 2 * (k - 1), agree)] if agree else out
 
     def seconds(self, cluster: Cluster) -> float:
-        t = 0.0
+        latency = wire = codec = 0.0
         for op, steps, nbytes in self.legs():
             own = cluster.collective_link(op, self.ranks, self.span)
             if own is not None:  # links.collectives: this op's figures for its group size
-                t += steps * own.latency + nbytes / own.bandwidth
+                latency += steps * own.latency
+                wire += nbytes / own.bandwidth
             else:
-                t += steps * cluster.link(self.span).latency + nbytes / self.bandwidth(cluster)
+                latency += steps * cluster.link(self.span).latency
+                wire += nbytes / self.bandwidth(cluster)
+        n = self.message * self.itemsize
         if self.codec is not None and self.codec.spec != "none":
             speed = cluster.speed(self.codec.spec)
-            n = self.message * self.itemsize
             encoded = n + n / self.ranks if self.op == "psum" else n
             decoded = {"all_gather": self.ranks * n, "psum": 2 * n, "psum_pair": 2 * n}.get(
                 self.op, n
             )
-            t += encoded / speed.encode + decoded / speed.decode
-        return self.count * t
+            codec = encoded / speed.encode + decoded / speed.decode
+        if self.fused:  # S segments of a rank's chunk in a two-stage pipeline
+            chunk = n if self.op == "all_gather" else n / self.ranks
+            segments = max(1, math.ceil(chunk / SEGMENT_BYTES))
+            return self.count * (latency + max(wire, codec) + min(wire, codec) / segments)
+        return self.count * (latency + wire + codec)
 
 
 def _dtype(itemsize: int):
@@ -387,6 +407,7 @@ def collectives(
 ) -> list[Comm]:
     """The collectives of one step on one device, in the order the step runs them."""
     codec_of = codec_of or codec_by_spec(lay.codec)
+    feedback = getattr(codec_of, "error_feedback", False)
     ep, eg, ea = PRECISIONS[lay.precision]
     _, padded = device_params(shape, lay)
     tp = lay.tensor * lay.pipe
@@ -402,7 +423,10 @@ def collectives(
         inter = span > cluster.devices_per_node
         codec = codec_of(lay.axis(i), kind, itemsize, message * itemsize, inter)
         members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
-        out.append(Comm(lay.axis(i), kind, op, k, span, message, itemsize, count, codec, members))
+        fused = _fused(lay, codec, op, feedback and kind == "grad")
+        out.append(
+            Comm(lay.axis(i), kind, op, k, span, message, itemsize, count, codec, members, fused)
+        )
 
     inside = lambda s: [i for i, g in enumerate(levels) if g <= s]  # noqa: E731
     # parameter gathers (s_p > 1), outermost level first: jaxhc's step (float32) the whole vector
@@ -450,7 +474,10 @@ def collectives(
         codec = codec_of("tensor", "act", ea, act * ea, tp > cluster.devices_per_node)
         count = 4 * m * shape.layers // lay.pipe
         members = _members(lay.tensor, lay.pipe, cluster.devices_per_node)
-        out.append(Comm("tensor", "act", "psum", lay.tensor, tp, act, ea, count, codec, members))
+        fused = _fused(lay, codec, "psum", False)
+        out.append(
+            Comm("tensor", "act", "psum", lay.tensor, tp, act, ea, count, codec, members, fused)
+        )
     if lay.pipe > 1:
         codec = codec_of("pipe", "act", ea, act * ea, lay.pipe > cluster.devices_per_node)
         out.append(Comm("pipe", "act", "ppermute", lay.pipe, lay.pipe, act, ea, 2 * m, codec))
@@ -462,6 +489,13 @@ def collectives(
             codec = codec_of("pipe", "grad", eg, paired * eg, lay.pipe > cluster.devices_per_node)
             out.append(Comm("pipe", "grad", "psum_pair", lay.pipe, lay.pipe, paired, eg, 1, codec))
     return out
+
+
+def _fused(lay: Layout, codec, op: str, feedback: bool) -> bool:
+    """Whether the MPI transport runs this compressed collective as one fused native call (ZFP
+    and MPC; error feedback takes jaxhc's own algorithm, which needs the decoded payloads)."""
+    native = isinstance(codec, (Zfp, Mpc))
+    return lay.transport == "mpi" and native and op in FUSED_OPS and not feedback
 
 
 def _members(k: int, stride: int, per_node: int) -> int:

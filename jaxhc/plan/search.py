@@ -71,6 +71,7 @@ def enumerate_layouts(
     microbatches: int | None = None,
     tensors=None,
     pipes=None,
+    transport: str = "xla",
 ):
     for t in tensors or [t for t in divisors(devices) if t <= per_node]:
         if devices % t:
@@ -106,7 +107,17 @@ def enumerate_layouts(
                     for rc in (False, True):
                         for gather in ("layer", "whole") if sharded else ("layer",):
                             yield Layout(
-                                data, t, p, m, *tri, levels, codec, precision, rc, gather=gather
+                                data,
+                                t,
+                                p,
+                                m,
+                                *tri,
+                                levels,
+                                codec,
+                                precision,
+                                rc,
+                                gather=gather,
+                                transport=transport,
                             )
 
 
@@ -154,6 +165,7 @@ def search(
     pipes=None,
     codec_of=None,
     model_parallel: str = "min",
+    transport: str = "xla",
 ) -> list[Candidate]:
     """The candidates, ranked (fitting ones first, fastest first). `model_parallel` "min" keeps
     the smallest tensor x pipe at which a plan fits (the model counts communication only, so
@@ -172,6 +184,7 @@ def search(
         microbatches,
         tensors,
         pipes,
+        transport,
     )
     rows = [evaluate(shape, lay, cluster, batch, seq, codec_of) for lay in layouts]
     if model_parallel not in ("min", "all"):
