@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from _gpt import CFG
@@ -28,6 +29,7 @@ from jaxhc.plan.search import best_of_families, evaluate, search, table
 from jaxhc.plan.shapes import LLAMA, from_gpt
 
 SHAPE = from_gpt("tiny", CFG)
+A100 = Path(__file__).resolve().parent.parent / "configs" / "clusters" / "a100-1024.yaml"
 CLUSTER = clusters.from_dict(
     {
         "name": "test",
@@ -275,13 +277,35 @@ def test_fused_mpi_calls_pipeline_codec_and_wire():
         (False, "all_gather"),
     ]
     ef = {"codec": "zfp", "rate": 8, "error_feedback": True}
-    ef = codec_by_policy({"name": "ef", "min_bytes": 0, "axes": {"data": ef}})
+    ef = codec_by_policy(
+        jaxhc.Policy.from_dict({"name": "ef", "min_bytes": 0, "axes": {"data": ef}})
+    )
     grads = [c for c in collectives(SHAPE, lay, 64, 16, CLUSTER, ef) if c.kind == "grad"]
     assert [(c.fused, c.codec is not None) for c in grads] == [(False, True), (False, True)]
     q8 = dataclasses.replace(lay, codec="q8")
     assert not any(c.fused for c in collectives(SHAPE, q8, 64, 16, CLUSTER))
     xla = dataclasses.replace(lay, transport="xla")
     assert not any(c.fused for c in collectives(SHAPE, xla, 64, 16, CLUSTER))
+
+
+def test_the_planner_ranks_for_the_runs_transport(capsys):
+    """`jaxhc plan --transport mpi`: the same candidates; a compressed plan's time there is at
+    most its XLA time (pipelined codec, fewer agreements), a raw plan's the same."""
+    from jaxhc import cli
+
+    rows = {
+        t: cli.plan_rows(SHAPE, CLUSTER, 64, 16, codecs=("none", "zfp:8"), transport=t)
+        for t in ("xla", "mpi")
+    }
+    xla = {dataclasses.replace(c.layout, transport="mpi"): c for c in rows["xla"]}
+    assert {c.layout for c in rows["mpi"]} == set(xla)
+    lossy = [c for c in rows["mpi"] if c.layout.codec != "none" and not c.rejected]
+    assert lossy and all(c.comm_seconds < xla[c.layout].comm_seconds for c in lossy)
+    raw = [c for c in rows["mpi"] if c.layout.codec == "none"]
+    assert all(c.comm_seconds == xla[c.layout].comm_seconds for c in raw)
+    argv = ["plan", "--model", "gpt2-small", "--cluster", str(A100)]
+    assert cli.main([*argv, "--batch", "1024", "--transport", "mpi", "--top", "1"]) == 0
+    assert "| 1 |" in capsys.readouterr().out
 
 
 MEASURED = {  # links.collectives of a one-node cluster (gbit_s, latency_us), as YAML writes them
