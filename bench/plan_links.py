@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         help="model the links at the bandwidth raw all-gathers of other sizes reach (link_gbit) "
         "instead of --gbit",
     )
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", default="bench/results/plan_links.json")
     args = ap.parse_args(argv)
     comm = _mpi().COMM_WORLD
