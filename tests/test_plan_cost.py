@@ -347,6 +347,20 @@ def test_measured_collectives_time_their_op_and_group_size():
     assert sum(b for _, _, b in zsum.legs()[:2]) == zsum.wire - 12
 
 
+@pytest.mark.parametrize("devices", [1, 2, 4, 8, 16])
+def test_the_local_cluster_carries_this_machines_measured_groups_that_fit(devices):
+    """`--plan auto`'s cluster: LOCAL_DEFAULTS (`jaxhc profile --links` here), a node of the run's
+    devices with the measured (op, group) figures whose groups fit it."""
+    local = clusters.local(devices)
+    for op, groups in clusters.LOCAL_DEFAULTS["links"]["collectives"].items():
+        for k, v in groups.items():
+            got = local.collective_link(op, k, k)
+            if k > devices:
+                assert got is None
+            else:
+                assert got.bandwidth == pytest.approx(v["gbit_s"] * 1e9 / 8)
+
+
 def test_measured_collectives_apply_inside_a_node_only():
     data = {**NODE.to_dict(), "nodes": 2, "devices_per_node": 4}
     data["links"] = {**data["links"], "inter": {"gbit_s": 8, "latency_us": 10}}

@@ -248,27 +248,62 @@ def load(path: str) -> Cluster:
 
 # What `jaxhc train --plan auto` assumes for this machine: one node of the run's devices, at the
 # speeds `jaxhc profile --links` measured here (bench/results/plan_profile.yaml, 8 host devices
-# on 2 cores, load average ~14: an order of magnitude, not a calibration).
+# on 2 cores, load average ~1.9), links.collectives included.
 LOCAL_DEFAULTS = {
-    "links": {"intra": {"gbit_s": 19.466, "latency_us": 20.2}},
+    "links": {
+        "intra": {"gbit_s": 17.767, "latency_us": 19.3},
+        "collectives": {  # op: {group size: figures}
+            "all_gather": {
+                2: {"gbit_s": 9.203, "latency_us": 0.0},
+                4: {"gbit_s": 15.14, "latency_us": 20.56},
+                8: {"gbit_s": 22.26, "latency_us": 24.1},
+            },
+            "psum_scatter": {
+                2: {"gbit_s": 9.166, "latency_us": 0.0},
+                4: {"gbit_s": 18.13, "latency_us": 53.43},
+                8: {"gbit_s": 28.04, "latency_us": 41.7},
+            },
+            "all_to_all": {
+                2: {"gbit_s": 2.733, "latency_us": 0.0},
+                4: {"gbit_s": 4.276, "latency_us": 0.0},
+                8: {"gbit_s": 5.078, "latency_us": 58.15},
+            },
+            "psum": {
+                2: {"gbit_s": 13.1, "latency_us": 0.0},
+                4: {"gbit_s": 19.3, "latency_us": 0.0},
+                8: {"gbit_s": 24.43, "latency_us": 7.159},
+            },
+        },
+    },
     "codecs": {
-        "zfp:8": {"encode_gb_s": 1.2622, "decode_gb_s": 1.1854},
-        "zfp:16": {"encode_gb_s": 0.7189, "decode_gb_s": 0.8052},
-        "q8": {"encode_gb_s": 4.5228, "decode_gb_s": 2.6809},
-        "mpc": {"encode_gb_s": 1.0524, "decode_gb_s": 0.5014},
+        "zfp:8": {"encode_gb_s": 1.6386, "decode_gb_s": 1.6579},
+        "zfp:16": {"encode_gb_s": 1.0868, "decode_gb_s": 0.9422},
+        "q8": {"encode_gb_s": 3.1942, "decode_gb_s": 2.8365},
+        "mpc": {"encode_gb_s": 0.8109, "decode_gb_s": 0.7162},
     },
 }
 
 
 def local(devices: int, memory_gib: float = 4.0) -> Cluster:
-    """This machine as one node of `devices` devices, at `LOCAL_DEFAULTS`."""
+    """This machine as one node of `devices` devices, at `LOCAL_DEFAULTS` (the measured groups
+    that fit the node)."""
+    links = LOCAL_DEFAULTS["links"]
+    collectives = {
+        op: {k: v for k, v in groups.items() if k <= devices}
+        for op, groups in links["collectives"].items()
+    }
+    collectives = {op: groups for op, groups in collectives.items() if groups}
     return from_dict(
         {
             "name": "local",
             "nodes": 1,
             "devices_per_node": devices,
             "memory_gib": memory_gib,
-            **LOCAL_DEFAULTS,
+            "links": {
+                "intra": links["intra"],
+                **({"collectives": collectives} if collectives else {}),
+            },
+            "codecs": LOCAL_DEFAULTS["codecs"],
             "source": "jaxhc.plan.cluster.LOCAL_DEFAULTS",
         },
         where="local",
