@@ -276,10 +276,7 @@ def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy, data
 
     def eval_loss(params, tokens):
         if plan.sharded_params:  # this rank's chunk, gathered over the parameter group
-            flat = params[0, 0]
-            for axis in plan.shard.param_axes:
-                flat = jaxhc.all_gather(flat, axis, tiled=True, kind="param")
-            params = plan.layout.unflatten(flat)
+            params = plan.layout.unflatten(zero.gather_chunk(params[0, 0], plan.shard))
         local = _local_loss(params, tokens, model_cfg, mesh_cfg, data)
         return zero.psum_scalar(local, (*axis_tuple(data), "pipe"))
 

@@ -146,6 +146,14 @@ def reduce_gradients(grads, layout: FlatLayout, residual=None, shard=None, scatt
     return flat if residual is None else (flat, out[1])
 
 
+def gather_chunk(chunk, shard: ShardPlan):
+    """A flat parameter chunk (or a layer's piece of it) all-gathered over the parameter group,
+    outermost sub-axis first (``kind="param"``)."""
+    for axis in shard.param_axes:
+        chunk = jaxhc.all_gather(chunk, axis, tiled=True, kind="param")
+    return chunk
+
+
 def gather_params(unflatten, flatten, shard: ShardPlan):
     """Sharded parameters (s_p > 1): ``gather(chunk, residuals) -> parameter tree``, the
     device's 1/s_p chunk of a flat vector all-gathered over the parameter group, outermost
@@ -166,9 +174,7 @@ def gather_params(unflatten, flatten, shard: ShardPlan):
 
     @jax.custom_vjp
     def gather(chunk, residuals):
-        for axis in shard.param_axes:
-            chunk = jaxhc.all_gather(chunk, axis, tiled=True, kind="param")
-        return unflatten(chunk)
+        return unflatten(gather_chunk(chunk, shard))
 
     def fwd(chunk, residuals):
         return gather(chunk, residuals), residuals
@@ -207,9 +213,7 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
     """
 
     def gathered(piece):
-        for axis in shard.param_axes:
-            piece = jaxhc.all_gather(piece, axis, tiled=True, kind="param")
-        return layout.layer_tree(piece)
+        return layout.layer_tree(gather_chunk(piece, shard))
 
     def fetch(layer, h, xs):
         where = {}  # the residuals' structure and which of them are gathered parameters
