@@ -88,9 +88,11 @@ test-mpi: setup-mpi
 # marks do not group under pytest 9: it sets a node id attribute pytest no longer reads.)
 # Programs compiled again by other tests and subprocesses (the same step resumed, retrained,
 # run by a CLI child) come from a JAX compilation cache of this run, removed at its end (the quick
-# suite: ~10 % less CPU; results are those of the same executables).
+# suite: ~10 % less CPU; results are those of the same executables). A size limit turns on jax's
+# file lock around every read and write: without it an entry being written by one process could
+# be read half-written by another (a warning and a recompile, but output a test reads).
 JAX_CACHE = JAX_COMPILATION_CACHE_DIR="$$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
+  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 JAX_COMPILATION_CACHE_MAX_SIZE=8000000000
 test: setup setup-mpi
 	@cache=$$(mktemp -d /tmp/jaxhc-test-jit.XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
 	  echo "JAX compilation cache: $$cache" && \
