@@ -78,9 +78,11 @@ MPI_ENV = PYTHONPATH=tests XLA_FLAGS=--xla_force_host_platform_device_count=4 OM
 MPI_PYTEST = $(BIN)/python -m pytest -q -p mpi_plugin -p no:cacheprovider --timeout=150 -m mpi \
   tests/test_mpi_transport.py tests/test_mpi_fused.py
 
+# The job sizes (`make test` runs 4 alone: its 2 x 2 meshes put every collective on axes of 2
+# ranks too, and tests/test_train_mpi.py's 2 x 2 x 2 runs fuse over pairs; CI time).
+MPI_NPS ?= 2 4
 test-mpi: setup-mpi
-	$(MPI_ENV) $(MPIRUN) -np 2 $(MPI_PYTEST)
-	$(MPI_ENV) $(MPIRUN) -np 4 $(MPI_PYTEST)
+	for np in $(MPI_NPS); do $(MPI_ENV) $(MPIRUN) -np $$np $(MPI_PYTEST) || exit 1; done
 
 # The quick suite on two pytest-xdist workers, a test module (its module fixtures: shared training
 # runs) on one worker, in the order tests/conftest.py gives (longest first; xdist's own reorder
@@ -98,7 +100,7 @@ test: setup setup-mpi
 	  echo "JAX compilation cache: $$cache" && \
 	  $(XLA_HOST8) $(JAX_CACHE) $(PYTEST) -q -n 2 --dist loadscope --no-loadscope-reorder \
 	    --durations=25 -m "not slow and not mpi" && \
-	  $(JAX_CACHE) $(MAKE) --no-print-directory test-mpi
+	  $(JAX_CACHE) $(MAKE) --no-print-directory test-mpi MPI_NPS=4
 
 test-all: setup setup-mpi
 	$(XLA_HOST8) $(PYTEST) -q -m "not mpi"
