@@ -100,9 +100,16 @@ def test_every_shipped_experiment_runs_one_step_shrunk(path, tmp_path):
     assert json.load(open(out / "config.json"))["model"]["n_layer"] == 2
 
 
-@pytest.mark.parametrize(
-    "policy", sorted(glob.glob(os.path.join(CONFIGS, "policy", "*.yaml"))), ids=os.path.basename
-)
+def _shipped_policies():
+    """Every shipped policy; the error-feedback variants of another shipped one under `slow`
+    (CI time: their codecs run here through the sibling, their feedback in test_faults.py's
+    quick NaN storms and the resume tests)."""
+    paths = sorted(glob.glob(os.path.join(CONFIGS, "policy", "*.yaml")))
+    sibling = lambda p: p.endswith("_ef.yaml") and p.replace("_ef.yaml", ".yaml") in paths  # noqa: E731
+    return [pytest.param(p, marks=pytest.mark.slow) if sibling(p) else p for p in paths]
+
+
+@pytest.mark.parametrize("policy", _shipped_policies(), ids=os.path.basename)
 def test_every_shipped_policy_compresses_one_step(policy, tmp_path):
     out = tmp_path / "run"
     policy = every_message(policy, tmp_path)
