@@ -89,12 +89,13 @@ test-mpi: setup-mpi
 # would put the modules with the fewest tests, the multi-process ones, last). (xdist's loadgroup
 # marks do not group under pytest 9: it sets a node id attribute pytest no longer reads.)
 # Programs compiled again by other tests and subprocesses (the same step resumed, retrained,
-# run by a CLI child) come from a JAX compilation cache of this run, removed at its end (the quick
-# suite: ~10 % less CPU; results are those of the same executables). A size limit turns on jax's
-# file lock around every read and write: without it an entry being written by one process could
-# be read half-written by another (a warning and a recompile, but output a test reads).
+# run by a CLI child) come from a JAX compilation cache of this run, removed at its end; results
+# are those of the same executables. No size limit is set: a limit turns on jax's file lock, under
+# which every write rescans the cache and the workers waited on each other (the quick suite went
+# from 14 to over 20 minutes); unlocked, a process that read an entry still being written would
+# warn and compile it again.
 JAX_CACHE = JAX_COMPILATION_CACHE_DIR="$$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 JAX_COMPILATION_CACHE_MAX_SIZE=8000000000
+  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 test: setup setup-mpi
 	@cache=$$(mktemp -d /tmp/jaxhc-test-jit.XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
 	  echo "JAX compilation cache: $$cache" && \
