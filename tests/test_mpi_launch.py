@@ -6,6 +6,7 @@ over two processes, and ends in bounded time, naming the task, when one of them 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -285,7 +286,8 @@ def test_a_jax_distributed_peer_killed_mid_job_ends_it_naming_the_task():
     assert procs[1].returncode == -9, out1
     assert "process 0 distributed ok" in out0, out0
     assert procs[0].returncode != 0, out0
-    assert "Task 1 heartbeat timeout" in out0, out0
+    # jax's service names it either way, whichever of its checks sees the silence first
+    assert re.search(r"Task 1 heartbeat timeout|stopped sending heartbeats\):\s*1\n", out0), out0
     assert "kept stepping" not in out0, out0
     assert took < 60, took
 
