@@ -12,7 +12,8 @@ NATIVE_SOURCES := CMakeLists.txt pyproject.toml $(wildcard ffi/*/*.h ffi/*/*.cc 
 PYTEST := $(BIN)/python -m pytest
 XLA_HOST8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: setup setup-mpi native train test test-mpi test-all bench bench-mpi bench-links lint clean
+.PHONY: setup setup-mpi setup-peer native train test test-mpi test-all bench bench-mpi bench-links \
+  bench-peer lint clean
 
 setup: $(VENV)/.native
 
@@ -131,6 +132,32 @@ bench-links:
 	@$(MAKE) --no-print-directory setup setup-mpi
 	flock /tmp/jaxhc-bench.lock $(BIN)/python -m bench.links bench $(if $(QUICK),--quick) \
 	  --out $(OUT) $(ARGS)
+
+# --- The training peer: PyTorch DDP over gloo (pyproject.toml's `peer` extra) -----------------
+# The requirements of an extra, one a line, jaxhc's own extras it names (jaxhc[hf]) expanded.
+EXTRA_REQS = $(BIN)/python -c 'import sys; \
+  exec("try: import tomllib\nexcept ImportError: from pip._vendor import tomli as tomllib"); \
+  x = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; \
+  f = lambda e: [q for r in x[e] for q in (f(r[6:-1]) if r.startswith("jaxhc[") else [r])]; \
+  print("\n".join(f(sys.argv[1])))'
+
+$(VENV)/.peer: pyproject.toml $(VENV)/.native
+	$(EXTRA_REQS) peer | xargs -d '\n' $(BIN)/python -m pip install -q
+	$(BIN)/python -c "import torch, transformers"
+	touch $@
+
+setup-peer: $(VENV)/.peer
+
+# jaxhc beside PyTorch DDP across the shaped links (bench/links; root only): `python -m bench.links
+# peer` trains the DDP hooks (none, fp16, bf16, powersgd) of configs/experiments/links.yaml on the
+# namespace hosts, and jaxhc's policies first in the same run when ARGS names them, e.g.
+#   make bench-peer ARGS="--policies none,zhybrid,qhybrid --hosts 2,4 --steps 30"
+# PEER_OUT: the JSON (.md and .png beside it). Waits for other benchmarks (flock).
+PEER_OUT ?= bench/results/train_links_peer.json
+bench-peer:
+	@$(PYTHON) -m bench.links check >/dev/null
+	@$(MAKE) --no-print-directory setup setup-mpi setup-peer
+	flock /tmp/jaxhc-bench.lock $(BIN)/python -m bench.links peer --out $(PEER_OUT) $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check jaxhc tests bench && $(BIN)/ruff format --check jaxhc tests bench
