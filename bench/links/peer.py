@@ -156,12 +156,13 @@ def failure(done: list) -> dict | None:
 
 def run_hook(
     cluster: Cluster, hook: str, *, config: str, overrides: list[str], steps: int | None,
-    run_dir: str, timeout: float, summarize,
+    run_dir: str, timeout: float, summarize, torch_threads: int | None = None,
 ) -> dict:  # fmt: skip
     """Train with DDP hook `hook` across `cluster`: a summary row (`summarize` of its metrics,
-    plus the peer's settings), or ``{"failed": <error line>}`` when a rank failed."""
+    plus the peer's settings), or ``{"failed": <error line>}`` when a rank failed. `torch_threads`:
+    torch threads per rank (None: `threads()`)."""
     cmd = [sys.executable, "-m", "bench.links.ddp", "--config", config, "--hook", hook]
-    cmd += ["--out", run_dir, "--threads", str(threads())]
+    cmd += ["--out", run_dir, "--threads", str(torch_threads or threads())]
     if steps:
         cmd += ["--steps", str(steps)]
     cmd += list(overrides)

@@ -49,6 +49,10 @@ def add_arguments(ap: argparse.ArgumentParser, *, peer_only: bool = False) -> No
         help=f"PyTorch DDP hooks to train after the policies ({hooks}; "
         + (f"default {hooks})" if peer_only else "default: no peer)"),
     )  # fmt: skip
+    ap.add_argument(
+        "--peer-threads", type=int,
+        help="torch threads per DDP rank (default: the cores a rank may run on, as jaxhc's)",
+    )  # fmt: skip
     ap.add_argument("--steps", type=int, help="override train.steps")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     ap.add_argument(
@@ -75,6 +79,8 @@ def resolve(args: argparse.Namespace) -> dict:
         raise ValueError("nothing to train: give --policies and/or --peer")
     if args.steps is not None and args.steps <= SKIP_STEPS:
         raise ValueError(f"--steps {args.steps}: expected more than the {SKIP_STEPS} untimed ones")
+    if args.peer_threads is not None and args.peer_threads < 1:
+        raise ValueError(f"--peer-threads {args.peer_threads}: expected a whole number >= 1")
     if hooks and importlib.util.find_spec("torch") is None:
         raise ValueError("--peer needs PyTorch: make setup-peer (pip install -e '.[peer]')")
     return {"hosts": hosts, "rates": rates, "policies": policies, "hooks": hooks}
@@ -116,8 +122,8 @@ def run(args) -> dict:
     if plan["hooks"]:
         result["peer"] = {
             "system": "PyTorch DistributedDataParallel over gloo, transformers GPT2LMHeadModel",
-            "threads": peer.threads(),
-            "threads_note": peer.THREADS_NOTE,
+            "threads": args.peer_threads or peer.threads(),
+            "threads_note": "set by --peer-threads" if args.peer_threads else peer.THREADS_NOTE,
             "wire_bytes": peer.WIRE_NOTE,
             "powersgd": peer.POWERSGD,
         }
@@ -166,6 +172,7 @@ def _peer(cluster: Cluster, hook: str, args, run_dir: str) -> dict:
     got = peer.run_hook(
         cluster, hook, config=args.config, overrides=args.overrides, steps=args.steps,
         run_dir=run_dir, timeout=args.timeout, summarize=summarize,
+        torch_threads=args.peer_threads,
     )  # fmt: skip
     row = {"system": "pytorch-ddp", "hook": hook, "label": f"DDP {hook}", **got}
     return {**_where(cluster), **row, "load_average_at_start": load_at_start}
