@@ -107,3 +107,27 @@ def families(dtype, n: int, seed: int = 0) -> dict[str, np.ndarray]:
             "negzeros": np.full(n, -0.0),
         }
         return {k: v.astype(dtype) for k, v in out.items()}
+
+
+def fma_telling_payloads(blocks: int = 256, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Two zfp:32 float32 payloads (4 * blocks values, 128-bit blocks) that tell a decode-and-sum
+    rounding each decoded value before adding from one fusing the last product into the add (an
+    FMA). Part 0 decodes to values up to 2^128 (block exponent 127), part 1 to integers times 2^98
+    (exponent 128), many beyond the largest float32, so inf. Returns the payloads uint8[2, bytes]
+    and what a fused sum gives: part 1's exact products (twice its values at exponent 127) plus
+    part 0, rounded once, finite in places where the rounded sum is inf."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, 2**63, (2, blocks, 2), dtype=np.uint64)
+
+    def with_exponent(w, e):  # block head: a 1 (nonzero block), then 8 exponent bits
+        w = w.copy()
+        w[:, 0] = (w[:, 0] & ~np.uint64(0x1FF)) | np.uint64(1 | e << 1)
+        return w.reshape(-1).view(np.uint8)
+
+    codec, n = Zfp(32), 4 * blocks
+    payloads = np.stack([with_exponent(words[0], 254), with_exponent(words[1], 255)])
+    part0 = codec.decode_numpy(payloads[0].tobytes(), n, np.float32).astype(np.float64)
+    half = codec.decode_numpy(with_exponent(words[1], 254).tobytes(), n, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        fused = np.where(np.isfinite(half), part0 + 2 * half.astype(np.float64), np.nan)
+        return payloads, fused.astype(np.float32)
