@@ -139,14 +139,14 @@ bench-links:
 
 # The GPU path in one command (bench/gpu_check.sh, docs/gpu.md): setup for the GPU here (CUDA
 # module for its architecture alone), the gpu-marked tests, codec GB/s against the device's copy
-# bandwidth, compressed collectives against jax.lax; at most 8 minutes, one JSON in $$OUT (a
+# bandwidth, compressed collectives against jax.lax; at most 8 minutes, one JSON in $OUT (a
 # folder, when the environment names one) or bench/results/gpu_check.json. DRY_RUN=1: the same
 # stages on the CPU (setup, the gpu tests collected, the harness with small sizes).
 gpu-check:
 	DRY_RUN=$(DRY_RUN) bash bench/gpu_check.sh
 
-# Wheels for a GPU machine without a package index (`WHEELS=.whl make gpu-check` there): those
-# that a CUDA image with jax usually lacks, for its Python (GPU_PY) on x86-64 Linux.
+# Wheels for a GPU machine without a package index, into .whl (where `make gpu-check` takes them
+# from): those a CUDA image with jax usually lacks, for its Python (GPU_PY) on x86-64 Linux.
 GPU_PY ?= 3.12
 GPU_WHEELS ?= zfpy==1.0.1.post0
 gpu-wheels:

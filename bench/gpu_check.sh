@@ -14,7 +14,7 @@
 #                        gpu_check_dry_run.json in a dry run)
 #   GPU_CHECK_JSON       the JSON's path, over both
 #   GPU_CHECK_SECONDS    the whole check's bound (480)
-#   GPU_CHECK_SETUP_SECONDS  the setup stage's (240: a fresh build of both modules on 16 cores)
+#   GPU_CHECK_SETUP_SECONDS  the setup stage's bound (300: a fresh build of both modules)
 #   GPU_CHECK_MIB        MiB per benchmarked array (256; 4 in a dry run)
 #   GPU_PYTHON           the Python whose packages the venv inherits when it already has a CUDA jax
 #                        (python3)
@@ -152,7 +152,7 @@ if [ -n "$DRY" ]; then
   PLATFORM=cpu MIB=${GPU_CHECK_MIB:-4} REPEATS=2 COLLECTIVE_CODECS=zfp:8,q8,mpc:0.8
 else
   echo "gpu-check: JSON $JSON"
-  stage setup "${GPU_CHECK_SETUP_SECONDS:-240}" setup_gpu
+  stage setup "${GPU_CHECK_SETUP_SECONDS:-300}" setup_gpu
   PLATFORM=gpu MIB=${GPU_CHECK_MIB:-256} REPEATS=5 COLLECTIVE_CODECS=""
 fi
 stage gpu_tests 120 gpu_pytest gpu_tests "${GPU_TESTS[@]}"
