@@ -291,8 +291,9 @@ def _junit(path: str) -> dict | None:
     return counts
 
 
-def stage_record(work: str, name: str) -> dict:
-    """What the shell script recorded for one stage, with its results where it wrote some."""
+def stage_record(work: str, name: str, gpu: bool = True) -> dict:
+    """What the shell script recorded for one stage, with its results where it wrote some (`gpu`:
+    a GPU run, whose tests must not all skip)."""
     meta_path = os.path.join(work, f"{name}.meta")
     if not os.path.exists(meta_path):
         return {"status": "not run"}
@@ -313,6 +314,9 @@ def stage_record(work: str, name: str) -> dict:
     tests = _junit(os.path.join(work, f"{name}.xml"))
     if tests is not None:
         rec["tests"] = tests
+        if gpu and status == "ok" and tests["tests"] and tests["skipped"] == tests["tests"]:
+            rec["status"] = "failed"  # a GPU run whose GPU tests all skipped tested nothing
+            rec["note"] = "every test skipped: jax saw no GPU"
     result = os.path.join(work, f"{name}.json")
     if os.path.exists(result):
         with open(result) as f:
@@ -321,7 +325,7 @@ def stage_record(work: str, name: str) -> dict:
 
 
 def report(args) -> dict:
-    stages = {name: stage_record(args.work, name) for name in STAGES}
+    stages = {name: stage_record(args.work, name, args.mode == "gpu") for name in STAGES}
     return {
         "mode": args.mode,
         "seconds": args.seconds,

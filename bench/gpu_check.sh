@@ -120,7 +120,8 @@ setup_gpu() {
   make --no-print-directory ${GPU_CHECK_MAKE_FLAGS:-} setup "${make_vars[@]}" || return 1
   "$PY" -c 'import jax; from jaxhc import _native
 assert _native.cuda is not None, "jaxhc has no CUDA module"
-print("jax", jax.__version__, jax.devices())'
+print("jax", jax.__version__, jax.devices())
+assert jax.devices()[0].platform == "gpu", "jax sees no GPU"'
 }
 
 setup_dry() {

@@ -108,3 +108,17 @@ def test_report_of_a_stage_that_timed_out(tmp_path):
     assert setup["status"] == "timeout" and setup["exit"] == 124 and setup["seconds"] == 1.5
     assert setup["tail"].endswith("last words") and len(setup["tail"]) == gpu_check.TAIL_CHARS
     assert doc["stages"]["codecs"] == {"status": "not run"} and not doc["ok"]
+
+
+def test_report_fails_a_gpu_run_whose_tests_all_skipped(tmp_path):
+    (tmp_path / "gpu_tests.meta").write_text("rc=0\nms=900\nlimit=120\n")
+    (tmp_path / "gpu_tests.xml").write_text(
+        '<testsuites><testsuite tests="2" failures="0" errors="0" skipped="2">'
+        '<testcase classname="t" name="a"><skipped/></testcase>'
+        '<testcase classname="t" name="b"><skipped/></testcase></testsuite></testsuites>'
+    )
+    for mode, status in (("gpu", "failed"), ("dry-run", "ok")):
+        out = tmp_path / f"{mode}.json"
+        gpu_check.main(["report", "--work", str(tmp_path), "--out", str(out), "--mode", mode])
+        tests = json.loads(out.read_text())["stages"]["gpu_tests"]
+        assert tests["status"] == status and tests["tests"]["skipped"] == 2
