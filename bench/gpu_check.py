@@ -24,6 +24,8 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 
+__all__ = ["CODECS", "COLLECTIVE_CODECS", "STAGES", "codecs_stage", "collectives", "main", "report"]
+
 CODECS = ("zfp:8", "zfp:16", "zfp:8:d3", "q8", "mpc")
 DTYPES = ("float32", "bfloat16")
 # GB/s of float32 input on an H200 that the CUDA kernels aim at (docs/gpu.md).
@@ -56,7 +58,7 @@ def _same(a, b) -> bool:
 # --- codecs: throughput against the copy bandwidth, payloads against the CPU's ----------------
 
 
-def random_walk(n: int, dtype, device):
+def random_walk(n: int, dtype, device) -> object:
     """A float32 random walk (smooth at the scale of a ZFP block) of n values, made on `device`."""
     import jax
     import jax.numpy as jnp
@@ -81,7 +83,7 @@ def compare_with_cpu(codec, x, cpu) -> dict:
     }
 
 
-def codecs_stage(args) -> dict:
+def codecs_stage(args: argparse.Namespace) -> dict:
     import jax
     import jax.numpy as jnp
     from _common import gbps, time_codec, timings
@@ -217,7 +219,7 @@ def on_devices(f, devices, x):
     return jax.jit(body)(jax.device_put(x, NamedSharding(mesh, P("x"))))
 
 
-def collectives(devices, specs, n: int, ranks: int = 4) -> dict:
+def collectives(devices: list, specs: list[str], n: int, ranks: int = 4) -> dict:
     """Per codec: the compressed psum and all_gather against jax.lax's on the first device (over
     `ranks` emulated ranks) and, with several devices, over all of them; the same programs on the
     CPU (where it has the devices) must give the same bits, and so must the emulated ranks and
@@ -247,7 +249,7 @@ def collectives(devices, specs, n: int, ranks: int = 4) -> dict:
     return out
 
 
-def collectives_stage(args) -> dict:
+def collectives_stage(args: argparse.Namespace) -> dict:
     import jax
 
     devices = jax.devices(args.platform)
@@ -324,7 +326,7 @@ def stage_record(work: str, name: str, gpu: bool = True) -> dict:
     return rec
 
 
-def report(args) -> dict:
+def report(args: argparse.Namespace) -> dict:
     stages = {name: stage_record(args.work, name, args.mode == "gpu") for name in STAGES}
     return {
         "mode": args.mode,
@@ -334,7 +336,7 @@ def report(args) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
