@@ -23,6 +23,10 @@ import os
 import re
 import sys
 import xml.etree.ElementTree as ET
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # jax is imported by the stages that use it: `report` runs without it
+    import jax
 
 __all__ = ["CODECS", "COLLECTIVE_CODECS", "STAGES", "codecs_stage", "collectives", "main", "report"]
 
@@ -58,7 +62,7 @@ def _same(a, b) -> bool:
 # --- codecs: throughput against the copy bandwidth, payloads against the CPU's ----------------
 
 
-def random_walk(n: int, dtype, device) -> object:
+def random_walk(n: int, dtype, device) -> jax.Array:
     """A float32 random walk (smooth at the scale of a ZFP block) of n values, made on `device`."""
     import jax
     import jax.numpy as jnp
