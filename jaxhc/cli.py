@@ -1,5 +1,6 @@
-"""`jaxhc` command line: train, report, sweep, plan and profile.
+"""`jaxhc` command line: train, report, sweep, plan, profile and data.
 
+    jaxhc data prepare my_texts/ --out data/mine --tokenizer bpe:8192
     jaxhc train --config configs/experiments/default.yaml --compression zhybrid \
         --mesh data=2,tensor=2,pipe=2 --steps 200 --out runs/zhybrid model.n_layer=4
     jaxhc report runs/* --out runs/report
@@ -17,6 +18,7 @@ import sys
 
 from jaxhc._compat import set_cpu_device_count
 from jaxhc.train.progress import Progress
+from jaxhc.workflow import commands as workflow
 
 LOG_EVERY_HELP = (
     "when output is not a terminal (redirected, mpirun), print a plain progress line every N "
@@ -47,12 +49,12 @@ def host_devices(cfg, env=None) -> int:
 
 
 def _train_parser(sub) -> None:
+    from jaxhc.policy import PRESETS
+
     p = sub.add_parser("train", help="train a GPT on the embedded corpus")
     p.add_argument("--config", help="experiment YAML (default: the built-in small GPT)")
     p.add_argument(
-        "--compression",
-        help="policy preset (none, zfp8, zfp16, mpc, mzhybrid, "
-        "zhybrid, identity) or a policy YAML path",
+        "--compression", help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path"
     )
     p.add_argument("--mesh", help="e.g. data=2,tensor=2,pipe=2[,microbatches=2]")
     p.add_argument("--steps", type=int, help="training steps (also the schedule's length)")
@@ -528,12 +530,13 @@ def main(argv=None) -> int:
     sp.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     _plan_parser(sub)
     _profile_parser(sub)
+    workflow.add_parsers(sub)
     # Overrides may sit between options (argparse stops a "*" positional at the first option).
     args, extra = ap.parse_known_args(argv)
     stray = [
         e
         for e in extra
-        if e.startswith("-") or "=" not in e or args.command in ("report", "plan", "profile")
+        if e.startswith("-") or "=" not in e or args.command not in ("train", "sweep")
     ]
     if stray:
         ap.error(f"unrecognized arguments: {' '.join(stray)}")
@@ -546,6 +549,7 @@ def main(argv=None) -> int:
             "sweep": cmd_sweep,
             "plan": cmd_plan,
             "profile": cmd_profile,
+            **workflow.COMMANDS,
         }
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as e:
