@@ -50,6 +50,22 @@ class TrainConfig:
         whole_number("train.max_skipped_steps", self.max_skipped_steps, least=0)
 
 
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """A dataset prepared by `jaxhc data prepare` to train on (without a ``data`` section: the
+    embedded corpus). ``checksum``: check every shard's SHA-256 against its meta.json when the run
+    starts (sizes are always checked); false skips the read for huge corpora."""
+
+    path: str = ""
+    checksum: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError(f"data.path={self.path!r} must name a prepared dataset folder")
+        if not isinstance(self.checksum, bool):
+            raise ValueError(f"data.checksum={self.checksum!r} must be true or false")
+
+
 SECTIONS = {"model": GPTConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig}
 
 
@@ -63,7 +79,8 @@ DEFAULT_TRAIN = TrainConfig(steps=300, batch_size=32)
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """One training run. ``compression`` is a policy preset name or a policy YAML path."""
+    """One training run. ``compression`` is a policy preset name or a policy YAML path;
+    ``data`` the prepared dataset (None: the embedded corpus)."""
 
     name: str = "default"
     model: GPTConfig = DEFAULT_MODEL
@@ -72,6 +89,7 @@ class ExperimentConfig:
     train: TrainConfig = DEFAULT_TRAIN
     compression: str = "zhybrid"
     transport: str = "xla"
+    data: DataConfig | None = None
 
     def __post_init__(self):
         if self.transport not in TRANSPORTS:
@@ -90,13 +108,16 @@ class ExperimentConfig:
 def from_dict(data: dict[str, Any]) -> ExperimentConfig:
     """Build an ExperimentConfig from a nested mapping; unknown keys are errors naming them.
 
-    ``optim.total_steps`` defaults to ``train.steps`` (the schedule spans the run).
+    ``optim.total_steps`` defaults to ``train.steps`` (the schedule spans the run). With a
+    ``data`` section ``model.vocab_size`` defaults to its tokenizer's (`_follow_data`).
     """
     data = dict(data or {})
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key in SECTIONS:
             kwargs[key] = _section(key, value, getattr(ExperimentConfig, key))
+        elif key == "data":
+            kwargs[key] = _data_section(value)
         elif key in ("name", "compression", "transport"):
             kwargs[key] = str(value)
         else:
@@ -104,7 +125,36 @@ def from_dict(data: dict[str, Any]) -> ExperimentConfig:
     if "total_steps" not in (data.get("optim") or {}):
         steps = kwargs.get("train", DEFAULT_TRAIN).steps
         kwargs["optim"] = dataclasses.replace(kwargs.get("optim", DEFAULT_OPTIM), total_steps=steps)
+    given = set(data.get("model") or {})
+    if kwargs.get("data") is not None:
+        kwargs["model"] = _follow_data(kwargs.get("model", DEFAULT_MODEL), given, kwargs["data"])
     return ExperimentConfig(**kwargs)
+
+
+def _data_section(value: Any) -> DataConfig:
+    if not isinstance(value, dict):
+        raise ValueError(f"config section 'data' must be a mapping, got {value!r}")
+    fields = {f.name for f in dataclasses.fields(DataConfig)}
+    for key in value:
+        if key not in fields:
+            raise ValueError(f"unknown config key data.{key}")
+    return DataConfig(**value)
+
+
+def _follow_data(model: GPTConfig, given: set, data: DataConfig) -> GPTConfig:
+    """`model` with the vocabulary of `data`'s tokenizer unless it is given; a vocabulary
+    smaller than the tokenizer's is one line naming both."""
+    from jaxhc.data import read_meta
+
+    vocab = int(read_meta(data.path)["tokenizer"]["vocab_size"])
+    if "vocab_size" not in given:
+        return dataclasses.replace(model, vocab_size=vocab)
+    if model.vocab_size < vocab:
+        raise ValueError(
+            f"model.vocab_size={model.vocab_size} is smaller than the {vocab} tokens of "
+            f"data.path={data.path}'s tokenizer: leave model.vocab_size out to take it from there"
+        )
+    return model
 
 
 def _section(name: str, value: Any, default):
