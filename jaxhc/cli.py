@@ -1,8 +1,11 @@
-"""`jaxhc` command line: train, report, sweep, plan, profile and data.
+"""`jaxhc` command line: train, report, sweep, plan and profile; data, generate and eval.
 
     jaxhc data prepare my_texts/ --out data/mine --tokenizer bpe:8192
     jaxhc train --config configs/experiments/default.yaml --compression zhybrid \
         --mesh data=2,tensor=2,pipe=2 --steps 200 --out runs/zhybrid model.n_layer=4
+    jaxhc train data.path=data/mine --steps 200 --out runs/mine
+    jaxhc generate --run runs/mine --prompt "Once" --max-new-tokens 100
+    jaxhc eval --run runs/mine
     jaxhc report runs/* --out runs/report
     jaxhc sweep configs/experiments/hybrid-sweep.yaml
     jaxhc profile --out local.yaml
@@ -51,7 +54,9 @@ def host_devices(cfg, env=None) -> int:
 def _train_parser(sub) -> None:
     from jaxhc.policy import PRESETS
 
-    p = sub.add_parser("train", help="train a GPT on the embedded corpus")
+    p = sub.add_parser(
+        "train", help="train a GPT (on the embedded corpus, or a prepared dataset: data.path=DIR)"
+    )
     p.add_argument("--config", help="experiment YAML (default: the built-in small GPT)")
     p.add_argument(
         "--compression", help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path"

@@ -24,6 +24,7 @@ LONGEST_FIRST = (
     "test_faults.py",
     "test_model_hf.py",
     "test_checkpoint.py",
+    "test_workflow.py",
 )
 
 

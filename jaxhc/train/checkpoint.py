@@ -407,6 +407,20 @@ class Checkpoints:
                 _read_into(piece, leaves[piece.leaf], store[piece.box])
             yield c, leaves
 
+    def read_arrays(self, prefix: str, step: int | None = None) -> tuple[int, dict]:
+        """(step, {name: array}) of the whole canonical arrays whose names start with `prefix`
+        (``"params/"``: the model in its single layout, whatever mesh wrote it) of checkpoint
+        `step` (default: the latest), its files verified first: what tools that need the model
+        alone read (`jaxhc generate`, `eval`, `export`)."""
+        step = self._resolve(step)
+        problem = self.verify(step)
+        if problem is not None:
+            raise ValueError(f"{problem}; {self._hint(step)}")
+        step, meta = self._meta(step)
+        path, stores = self._path(step), {}
+        names = [n for n in meta["arrays"] if n.startswith(prefix)]
+        return step, {n: self._open(stores, path, n).read().result() for n in names}
+
     def read_global(self, plan: Plan, step: int | None = None):
         """The checkpoint as a TrainState of global host arrays in the layout of `plan`'s mesh
         (every device's block assembled in this process: for inspection and tests)."""

@@ -1,4 +1,4 @@
-"""The command-line parsers of the workflow around training: ``jaxhc data prepare``.
+"""The command-line parsers of ``jaxhc data prepare``, ``generate`` and ``eval``.
 
 `add_parsers` adds them to `jaxhc.cli`'s subcommands; `COMMANDS` maps each to its function,
 which takes the parsed arguments and returns the exit status.
@@ -43,6 +43,33 @@ def add_parsers(sub) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
 
+    g = sub.add_parser("generate", help="continue a prompt with a trained run's model")
+    _run_args(g)
+    g.add_argument("--prompt", required=True, help="the text to continue")
+    g.add_argument("--max-new-tokens", type=int, default=200, help="tokens to add (default 200)")
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        help="sampling temperature (default 0.8; 0: always the most likely token)",
+    )
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0: all)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+
+    e = sub.add_parser("eval", help="loss and perplexity of a run's model on a validation split")
+    _run_args(e)
+    e.add_argument(
+        "--data", help="a prepared dataset with the run's tokenizer (default: the run's)"
+    )
+    e.add_argument(
+        "--max-tokens", type=int, default=1 << 20, help="tokens to predict at most (default 2^20)"
+    )
+
+
+def _run_args(p) -> None:
+    p.add_argument("--run", required=True, help="a run directory written by jaxhc train")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
+
 
 def cmd_data(args) -> int:
     from jaxhc.data.prepare import DEFAULT_SHARD_TOKENS, mb_per_s, prepare
@@ -71,4 +98,31 @@ def cmd_data(args) -> int:
     return 0
 
 
-COMMANDS = {"data": cmd_data}
+def cmd_generate(args) -> int:
+    from jaxhc.workflow.generate import generate_text
+
+    result = generate_text(
+        args.run,
+        args.prompt,
+        args.max_new_tokens,
+        step=args.step,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+    print(args.prompt + result["text"])
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from jaxhc.workflow.evaluate import evaluate
+
+    r = evaluate(args.run, args.data, step=args.step, max_tokens=args.max_tokens)
+    print(
+        f"{args.run} step {r['step']} on {r['data']} (validation, {r['tokens']} tokens): "
+        f"loss {r['loss']:.4f} perplexity {r['perplexity']:.3f}"
+    )
+    return 0
+
+
+COMMANDS = {"data": cmd_data, "generate": cmd_generate, "eval": cmd_eval}
