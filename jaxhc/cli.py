@@ -1,4 +1,4 @@
-"""`jaxhc` command line: train, report, sweep, plan and profile; data, generate and eval.
+"""`jaxhc` command line: train, report, sweep, plan and profile; data, generate, eval, export.
 
     jaxhc data prepare my_texts/ --out data/mine --tokenizer bpe:8192
     jaxhc train --config configs/experiments/default.yaml --compression zhybrid \
@@ -6,6 +6,7 @@
     jaxhc train data.path=data/mine --steps 200 --out runs/mine
     jaxhc generate --run runs/mine --prompt "Once" --max-new-tokens 100
     jaxhc eval --run runs/mine
+    jaxhc export --run runs/mine --hf exported/mine
     jaxhc report runs/* --out runs/report
     jaxhc sweep configs/experiments/hybrid-sweep.yaml
     jaxhc profile --out local.yaml
@@ -61,6 +62,10 @@ def _train_parser(sub) -> None:
     p.add_argument(
         "--compression", help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path"
     )
+    p.add_argument(
+        "--init",
+        help="hf:PATH: start from a local transformers GPT-2 folder (the model follows its config)",
+    )
     p.add_argument("--mesh", help="e.g. data=2,tensor=2,pipe=2[,microbatches=2]")
     p.add_argument("--steps", type=int, help="training steps (also the schedule's length)")
     p.add_argument("--transport", choices=["xla", "mpi"], help="how collectives move bytes")
@@ -86,6 +91,8 @@ def load_config(args):
         overrides.append(f"compression={args.compression}")
     if args.transport:
         overrides.append(f"transport={args.transport}")
+    if getattr(args, "init", None):
+        overrides.append(f"init={args.init}")
     if args.steps is not None:
         overrides += [f"train.steps={args.steps}", f"optim.total_steps={args.steps}"]
     if args.mesh:

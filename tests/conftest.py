@@ -24,7 +24,6 @@ LONGEST_FIRST = (
     "test_faults.py",
     "test_model_hf.py",
     "test_checkpoint.py",
-    "test_workflow.py",
 )
 
 

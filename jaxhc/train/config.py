@@ -80,7 +80,8 @@ DEFAULT_TRAIN = TrainConfig(steps=300, batch_size=32)
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """One training run. ``compression`` is a policy preset name or a policy YAML path;
-    ``data`` the prepared dataset (None: the embedded corpus)."""
+    ``data`` the prepared dataset (None: the embedded corpus); ``init`` where a fresh run's
+    parameters come from (None: ``train.seed``; ``hf:PATH``: a local transformers GPT-2)."""
 
     name: str = "default"
     model: GPTConfig = DEFAULT_MODEL
@@ -90,8 +91,10 @@ class ExperimentConfig:
     compression: str = "zhybrid"
     transport: str = "xla"
     data: DataConfig | None = None
+    init: str | None = None
 
     def __post_init__(self):
+        _check_init(self.init)
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport={self.transport!r} must be one of {', '.join(TRANSPORTS)}")
         _ = self.policy  # loaded here, once: a bad policy fails early, in one line
@@ -108,8 +111,9 @@ class ExperimentConfig:
 def from_dict(data: dict[str, Any]) -> ExperimentConfig:
     """Build an ExperimentConfig from a nested mapping; unknown keys are errors naming them.
 
-    ``optim.total_steps`` defaults to ``train.steps`` (the schedule spans the run). With a
-    ``data`` section ``model.vocab_size`` defaults to its tokenizer's (`_follow_data`).
+    ``optim.total_steps`` defaults to ``train.steps`` (the schedule spans the run). With
+    ``init: hf:PATH`` the model section follows that checkpoint's config (see `_follow_init`);
+    with a ``data`` section ``model.vocab_size`` defaults to its tokenizer's (`_follow_data`).
     """
     data = dict(data or {})
     kwargs: dict[str, Any] = {}
@@ -120,15 +124,27 @@ def from_dict(data: dict[str, Any]) -> ExperimentConfig:
             kwargs[key] = _data_section(value)
         elif key in ("name", "compression", "transport"):
             kwargs[key] = str(value)
+        elif key == "init":
+            kwargs[key] = _check_init(None if value is None else str(value))
         else:
             raise ValueError(f"unknown config key {key!r}")
     if "total_steps" not in (data.get("optim") or {}):
         steps = kwargs.get("train", DEFAULT_TRAIN).steps
         kwargs["optim"] = dataclasses.replace(kwargs.get("optim", DEFAULT_OPTIM), total_steps=steps)
     given = set(data.get("model") or {})
+    if kwargs.get("init"):
+        kwargs["model"] = _follow_init(kwargs.get("model", DEFAULT_MODEL), given, kwargs["init"])
     if kwargs.get("data") is not None:
-        kwargs["model"] = _follow_data(kwargs.get("model", DEFAULT_MODEL), given, kwargs["data"])
+        kwargs["model"] = _follow_data(
+            kwargs.get("model", DEFAULT_MODEL), given, kwargs["data"], kwargs.get("init")
+        )
     return ExperimentConfig(**kwargs)
+
+
+def _check_init(init: str | None) -> str | None:
+    if init is not None and not (init.startswith("hf:") and len(init) > 3):
+        raise ValueError(f"init={init!r} must be hf:PATH (a local transformers GPT-2 folder)")
+    return init
 
 
 def _data_section(value: Any) -> DataConfig:
@@ -141,15 +157,47 @@ def _data_section(value: Any) -> DataConfig:
     return DataConfig(**value)
 
 
-def _follow_data(model: GPTConfig, given: set, data: DataConfig) -> GPTConfig:
-    """`model` with the vocabulary of `data`'s tokenizer unless it is given; a vocabulary
-    smaller than the tokenizer's is one line naming both."""
+# GPTConfig fields an `init: hf:PATH` checkpoint fixes (block_size may be smaller: the first
+# positions' embeddings are kept).
+INIT_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "layer_norm_eps")
+
+
+def _follow_init(model: GPTConfig, given: set, init: str) -> GPTConfig:
+    """`model` with the architecture of checkpoint `init`; a given key that differs is one line
+    naming both (``model.block_size`` may be smaller than the checkpoint's context)."""
+    from jaxhc.model.hf_io import read_config
+
+    hf = read_config(init[3:])
+    changes = {}
+    for key in INIT_FIELDS:
+        theirs, ours = getattr(hf, key), getattr(model, key)
+        if key not in given:
+            changes[key] = theirs
+        elif key == "block_size" and ours <= theirs:
+            continue
+        elif ours != theirs:
+            more = " or less" if key == "block_size" else ""
+            raise ValueError(
+                f"model.{key}={ours} does not match {init}, whose config has {theirs}: "
+                f"leave model.{key} out to take it from there, or give {theirs}{more}"
+            )
+    return dataclasses.replace(model, **changes)
+
+
+def _follow_data(model: GPTConfig, given: set, data: DataConfig, init: str | None) -> GPTConfig:
+    """`model` with the vocabulary of `data`'s tokenizer unless it is given (or set by `init`);
+    a vocabulary smaller than the tokenizer's is one line naming both."""
     from jaxhc.data import read_meta
 
     vocab = int(read_meta(data.path)["tokenizer"]["vocab_size"])
-    if "vocab_size" not in given:
+    if "vocab_size" not in given and not init:
         return dataclasses.replace(model, vocab_size=vocab)
     if model.vocab_size < vocab:
+        if "vocab_size" not in given:
+            raise ValueError(
+                f"{init} has a vocabulary of {model.vocab_size} tokens, fewer than the {vocab} "
+                f"tokens of data.path={data.path}'s tokenizer"
+            )
         raise ValueError(
             f"model.vocab_size={model.vocab_size} is smaller than the {vocab} tokens of "
             f"data.path={data.path}'s tokenizer: leave model.vocab_size out to take it from there"

@@ -79,7 +79,9 @@ class Runner(abc.ABC):
             raise ValueError(error)
 
     @abc.abstractmethod
-    def init_state(self) -> TrainState: ...
+    def init_state(self, init=None) -> TrainState:
+        """The fresh state: parameters from ``train.seed``, or from ``init()`` (single-layout host
+        arrays, called on the processes that need them) when `init` is given."""
 
     @abc.abstractmethod
     def restore(self, checkpoints: Checkpoints, state: TrainState) -> TrainState:
@@ -151,10 +153,11 @@ class XlaRunner(Runner):
         )
         self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
 
-    def init_state(self):
+    def init_state(self, init=None):
         cfg = self.cfg
+        params = None if init is None else init()
         return init_state(
-            cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, policy=cfg.policy
+            cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, params, policy=cfg.policy
         )
 
     def raise_if_any(self, error):
@@ -242,7 +245,7 @@ def run_loop(
     runner.raise_if_any(error)
     if writer and cfg.data is not None:  # `jaxhc generate` and `export` decode with it
         shutil.copyfile(os.path.join(cfg.data.path, TOKENIZER), os.path.join(out_dir, TOKENIZER))
-    state = runner.init_state()
+    state = runner.init_state(_init_params(cfg) if cfg.init and not resume else None)
     keep = cfg.train.keep_checkpoints
     checkpoints = Checkpoints(os.path.join(out_dir, "checkpoints"), keep=keep, group=runner.group)
     start = 0
@@ -329,6 +332,13 @@ def open_data(cfg: ExperimentConfig, checksum: bool = True) -> Dataset:
     if cfg.data is None:
         return Dataset.embedded()
     return Dataset.open(cfg.data.path, checksum=checksum and cfg.data.checksum)
+
+
+def _init_params(cfg: ExperimentConfig):
+    """A loader of the parameters of ``init: hf:PATH`` for `cfg.model`."""
+    from jaxhc.model.hf_io import initial_params
+
+    return lambda: initial_params(cfg.model, cfg.init[3:])
 
 
 def _truncate_metrics(path: str, start: int) -> None:

@@ -1,4 +1,4 @@
-"""The command-line parsers of ``jaxhc data prepare``, ``generate`` and ``eval``.
+"""The command-line parsers of ``jaxhc data prepare``, ``generate``, ``eval`` and ``export``.
 
 `add_parsers` adds them to `jaxhc.cli`'s subcommands; `COMMANDS` maps each to its function,
 which takes the parsed arguments and returns the exit status.
@@ -65,6 +65,10 @@ def add_parsers(sub) -> None:
         "--max-tokens", type=int, default=1 << 20, help="tokens to predict at most (default 2^20)"
     )
 
+    x = sub.add_parser("export", help="write a run's model as a transformers GPT-2 folder")
+    _run_args(x)
+    x.add_argument("--hf", required=True, help="the folder to write (new or empty)")
+
 
 def _run_args(p) -> None:
     p.add_argument("--run", required=True, help="a run directory written by jaxhc train")
@@ -125,4 +129,12 @@ def cmd_eval(args) -> int:
     return 0
 
 
-COMMANDS = {"data": cmd_data, "generate": cmd_generate, "eval": cmd_eval}
+def cmd_export(args) -> int:
+    from jaxhc.workflow.export import export
+
+    r = export(args.run, args.hf, step=args.step)
+    print(f"wrote {args.hf} (step {r['step']}): {', '.join(r['files'])}")
+    return 0
+
+
+COMMANDS = {"data": cmd_data, "generate": cmd_generate, "eval": cmd_eval, "export": cmd_export}
