@@ -227,3 +227,25 @@ def test_progress_under_a_pipe_is_plain_lines(tmp_path):
     assert done.returncode == 0, text
     assert "\r" not in text and "\x1b" not in text, repr(text)
     assert "tokenizing: 100 %" in done.stderr and "validation tokens" in done.stdout
+
+
+def test_the_word_cache_encodes_as_tokenizers_does():
+    """A byte-level BPE is encoded through `jaxhc.data.words` (its own split of the text, a cache
+    of words): the ids are the tokenizers library's, over the Unicode range in several contexts,
+    added tokens in the text included."""
+    rng = np.random.default_rng(0)
+    chars = [chr(c) for c in range(1, 0x3100) if not 0xD800 <= c < 0xE000]
+    chars += [chr(c) for c in rng.integers(0x3100, 0x110000, 4000) if not 0xD800 <= c < 0xE000]
+    chars += ["\u3000", "\ufeff", "\U0001f600"]
+    tok = Tokenizer.train_bpe([SAMPLE, "".join(chars)], 600)
+    assert tok._words is not None  # the fast path is the one under test
+    texts = [
+        "".join(f"a{c}b {c}1{c}  {c}{c}\n" for c in chars[i : i + 500])
+        for i in range(0, len(chars), 500)
+    ]
+    texts += [SAMPLE, "x <|endoftext|> y", "it's  \n\n  'll'S 'd' 3'", " " * 5 + "\t\n" * 3]
+    want = tok.backend.encode_batch_fast(texts, add_special_tokens=False)
+    got = tok.encode_batch(texts)
+    for text, w, g in zip(texts, want, got, strict=True):
+        assert g.tolist() == w.ids, text[:80]
+    assert tok.encode_batch(texts[:3])[2].tolist() == want[2].ids  # from the cache

@@ -16,6 +16,8 @@ import os
 
 import numpy as np
 
+from jaxhc.data import words
+
 __all__ = ["END_OF_TEXT", "MIN_BPE_VOCAB", "Tokenizer", "byte_to_unicode", "parse_spec"]
 
 END_OF_TEXT = "<|endoftext|>"
@@ -77,6 +79,10 @@ class Tokenizer:
         self.cuts_safely = _splits_at_whitespace(spec.get("pre_tokenizer")) and _local(
             spec.get("normalizer")
         )
+        self._words = None
+        if not self.is_bytes and words.applies(spec):
+            added = [t["content"] for t in spec.get("added_tokens") or []]
+            self._words = words.WordCache(backend, added)
         if self.eos_id is not None:
             self.separator = [self.eos_id]
         else:
@@ -141,9 +147,12 @@ class Tokenizer:
         return np.asarray(self.backend.encode(text, add_special_tokens=False).ids, np.int64)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """`encode` of each text; in parallel (the tokenizers library's Rust threads)."""
+        """`encode` of each text, in parallel: a byte-level BPE through `jaxhc.data.words`,
+        other tokenizers by the tokenizers library's batch encoding (Rust threads)."""
         if self.is_bytes:
             return [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
+        if self._words is not None:
+            return self._words.encode_batch(texts)
         encodings = self.backend.encode_batch_fast(texts, add_special_tokens=False)
         return [np.asarray(e.ids, np.uint32) for e in encodings]
 
