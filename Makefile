@@ -114,7 +114,7 @@ train: setup
 	run="$(RUN)" && \
 	  $(XLA_HOST8) $(BIN)/jaxhc train --config configs/experiments/default.yaml --out "$$run" && \
 	  echo "--- a sample from $$run:" && \
-	  $(BIN)/jaxhc generate --run "$$run" --prompt "The " --max-new-tokens 300 --seed 0
+	  $(BIN)/jaxhc generate --run "$$run" --prompt "The " --max-new-tokens 200 --seed 0
 
 bench: setup
 	$(BIN)/python bench/codecs.py --out bench/results/codecs.json

@@ -18,6 +18,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxhc.model import gpt
@@ -90,14 +91,20 @@ def keep_tokens(cfg: GPTConfig) -> int:
 
 @functools.cache
 def _programs(cfg: GPTConfig, vocab: int):
-    def prefill(params, idx, n, key, temperature, top_k):
+    """The jitted prefill and decode step; everything they take is an array (numpy on the
+    host side), so no eager op compiles anything of its own."""
+
+    def key(seed, index):
+        return jax.random.fold_in(jax.random.key(seed), index)
+
+    def prefill(params, idx, n, seed, index, temperature, top_k):
         logits, cache = forward(params, idx, 0, init_cache(cfg, idx.shape[0]), cfg)
         last = lax.dynamic_index_in_dim(logits, n - 1, axis=1, keepdims=False)
-        return sample(last, key, temperature, top_k, vocab), cache
+        return sample(last, key(seed, index), temperature, top_k, vocab), cache
 
-    def step(params, token, pos, cache, key, temperature, top_k):
+    def step(params, token, pos, cache, seed, index, temperature, top_k):
         logits, cache = forward(params, token[:, None], pos, cache, cfg)
-        return sample(logits[:, 0], key, temperature, top_k, vocab), cache
+        return sample(logits[:, 0], key(seed, index), temperature, top_k, vocab), cache
 
     return jax.jit(prefill), jax.jit(step, donate_argnums=3)
 
@@ -124,20 +131,19 @@ def generate(
     vocab = cfg.vocab_size if vocab is None else vocab
     prefill, step = _programs(cfg, vocab)
     t, keep = cfg.block_size, keep_tokens(cfg)
-    key = jax.random.key(seed)
-    temperature, top_k = jnp.float32(temperature), jnp.int32(top_k)
+    i32 = np.int32
+    choice = (np.float32(temperature), i32(top_k))
 
     def start(context):
-        idx = jnp.zeros((1, t), jnp.int32).at[0, : len(context)].set(jnp.asarray(context))
-        return prefill(
-            params, idx, len(context), jax.random.fold_in(key, len(out)), temperature, top_k
-        )
+        idx = np.zeros((1, t), i32)
+        idx[0, : len(context)] = context
+        return prefill(params, idx, i32(len(context)), i32(seed), i32(len(out)), *choice)
 
     out: list[int] = []
     context = list(prompt)[-t:]
     token, cache = start(context)
     while True:
-        out.append(int(token[0]))
+        out.append(int(np.asarray(token)[0]))
         if len(out) == max_new_tokens or out[-1] == eos_id:
             return out
         if len(context) == t:  # the context is full: start again from its last `keep` tokens
@@ -146,5 +152,4 @@ def generate(
         else:
             pos = len(context)
             context.append(out[-1])
-            sub = jax.random.fold_in(key, len(out))
-            token, cache = step(params, token, jnp.int32(pos), cache, sub, temperature, top_k)
+            token, cache = step(params, token, i32(pos), cache, i32(seed), i32(len(out)), *choice)
