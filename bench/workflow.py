@@ -58,7 +58,7 @@ def corpus(folder: str, mb: float) -> dict:
     for k in sorted(topics.topics):
         add("pydoc_data.topics", topics.topics[k])
     stdlib = sysconfig.get_paths()["stdlib"]
-    for root, dirs, files in sorted(os.walk(stdlib)):
+    for root, dirs, files in os.walk(stdlib):
         dirs[:] = sorted(d for d in dirs if d not in ("test", "site-packages", "__pycache__"))
         for name in sorted(f for f in files if f.endswith(".py")):
             try:
@@ -73,7 +73,7 @@ def corpus(folder: str, mb: float) -> dict:
                 break
         if written >= limit:
             break
-    for root, dirs, files in sorted(os.walk("/usr/share/doc")) if written < limit else ():
+    for root, dirs, files in os.walk("/usr/share/doc") if written < limit else ():
         dirs.sort()
         for name in sorted(files):
             path = os.path.join(root, name)
