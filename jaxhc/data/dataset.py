@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import os
 
 import numpy as np
 
+from jaxhc._checks import read_json
 from jaxhc.data.corpus import Batches, corpus_bytes
 from jaxhc.data.sources import hash_file
 from jaxhc.data.tokenizer import Tokenizer
@@ -37,16 +37,11 @@ def read_meta(path: str) -> dict:
         raise ValueError(
             f"data.path={path!r}: no such folder (prepare one with jaxhc data prepare)"
         )
-    try:
-        with open(file) as f:
-            meta = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(
-            f"data.path={path!r} is not a prepared dataset: it has no {META} "
-            "(prepare one with jaxhc data prepare)"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{file} is corrupt: {e}") from None
+    meta = read_json(
+        file,
+        f"data.path={path!r} is not a prepared dataset: it has no {META} "
+        "(prepare one with jaxhc data prepare)",
+    )
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else None
         raise ValueError(f"{file}: format {got!r} is not {FORMAT!r}")

@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from jaxhc._checks import read_json
 from jaxhc.model.config import GPTConfig
 from jaxhc.model.hf import (
     flatten,
@@ -39,13 +40,7 @@ def read_config(path: str) -> GPTConfig:
     file = os.path.join(path, CONFIG)
     if not os.path.isdir(path):
         raise ValueError(f"hf:{path}: no such folder (a local transformers GPT-2 checkpoint)")
-    try:
-        with open(file) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"hf:{path}: no {CONFIG} there") from None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{file}: not a readable JSON config ({e})") from None
+    data = read_json(file, f"hf:{path}: no {CONFIG} there")
     if not isinstance(data, dict):
         raise ValueError(f"{file}: not a JSON object")
     return gpt_config(data, file)

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
+from jaxhc.data.sources import hash_file as _sha256
 from jaxhc.launch import _blocks
 from jaxhc.parallel.canonical import Canonical, extract, insert
 from jaxhc.parallel.state import Plan
@@ -467,14 +468,6 @@ def _files(root: str) -> list[str]:
     for parent, _, names in os.walk(root):
         out += [os.path.relpath(os.path.join(parent, n), root) for n in names]
     return sorted(r for r in out if r not in (META, TOKEN))
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _hash_share(root: str, group: Group) -> dict:

@@ -9,11 +9,11 @@ one device.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
+from jaxhc._checks import read_json
 from jaxhc.data import Tokenizer
 from jaxhc.data.dataset import TOKENIZER
 from jaxhc.model.config import GPTConfig
@@ -30,15 +30,10 @@ class Run:
         file = os.path.join(path, "config.json")
         if not os.path.isdir(path):
             raise ValueError(f"--run {path}: no such folder (a run directory of jaxhc train)")
+        self.config = read_json(file, f"--run {path} is not a run directory: it has no config.json")
         try:
-            with open(file) as f:
-                self.config = json.load(f)
             self.model = GPTConfig(**self.config["model"])
-        except FileNotFoundError:
-            raise ValueError(
-                f"--run {path} is not a run directory: it has no config.json"
-            ) from None
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{file}: not a jaxhc run config ({e})") from None
         self.data = (self.config.get("data") or {}).get("path")
 
