@@ -103,17 +103,22 @@ class Dataset:
         (sizes always; SHA-256 too when `checksum`): a missing, truncated or altered shard is
         one line naming it."""
         meta = read_meta(path)
-        dtype = np.dtype(DTYPES[meta["dtype"]])
-        parts = {}
-        for split in ("train", "val"):
-            arrays = []
-            for shard in meta["shards"][split]:
-                file = os.path.join(path, shard["file"])
-                arrays.append(_open_shard(file, shard, dtype, checksum))
-            parts[split] = arrays
+        try:
+            dtype = np.dtype(DTYPES[meta["dtype"]])
+            vocab = int(meta["tokenizer"]["vocab_size"])
+            shards = {
+                s: [(x["file"], int(x["tokens"]), x["sha256"]) for x in meta["shards"][s]]
+                for s in ("train", "val")
+            }
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{os.path.join(path, META)} is corrupt: {e!r}") from None
+        parts = {
+            split: [_open_shard(os.path.join(path, f), n, h, dtype, checksum) for f, n, h in rows]
+            for split, rows in shards.items()
+        }
         tokens = Shards(parts["train"] + parts["val"])
         split = sum(len(a) for a in parts["train"])
-        return cls(path, tokens, split, int(meta["tokenizer"]["vocab_size"]), path)
+        return cls(path, tokens, split, vocab, path)
 
     def tokenizer(self) -> Tokenizer:
         if self.path is None:
@@ -128,16 +133,16 @@ class Dataset:
         return self.tokens[self.split : len(self.tokens)]
 
 
-def _open_shard(file: str, shard: dict, dtype: np.dtype, checksum: bool) -> np.ndarray:
+def _open_shard(file: str, tokens: int, sha256: str, dtype, checksum: bool) -> np.ndarray:
     try:
         size = os.path.getsize(file)
     except OSError:
         raise ValueError(f"dataset shard {file} is missing") from None
-    want = int(shard["tokens"]) * dtype.itemsize
+    want = tokens * dtype.itemsize
     if size != want:
         what = "truncated" if size < want else "longer than written"
         raise ValueError(f"dataset shard {file} is {what}: {size} bytes, {want} in {META}")
-    if checksum and hash_file(file) != shard["sha256"]:
+    if checksum and hash_file(file) != sha256:
         raise ValueError(
             f"dataset shard {file} is corrupt: its SHA-256 differs from {META}'s "
             "(data.checksum=false skips this check)"

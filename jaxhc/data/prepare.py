@@ -12,6 +12,7 @@ leaves nothing half-written. Running again with the same inputs and options does
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -24,7 +25,7 @@ from jaxhc.data.progress import Meter
 from jaxhc.data.sources import Input, find_inputs, hash_file
 from jaxhc.data.tokenizer import Tokenizer, parse_spec
 
-__all__ = ["DEFAULT_SHARD_TOKENS", "prepare"]
+__all__ = ["DEFAULT_SHARD_TOKENS", "mb_per_s", "prepare"]
 
 DEFAULT_SHARD_TOKENS = 1 << 27  # 256 MiB of uint16 tokens a shard
 BATCH_CHARS = 1 << 23  # text encoded per parallel batch
@@ -293,8 +294,6 @@ def _records(folder: str, shards) -> list[dict]:
 
 
 def _write_json(path: str, value) -> None:
-    import json
-
     with open(path, "w") as f:
         json.dump(value, f, indent=1)
         f.write("\n")

@@ -147,8 +147,8 @@ class Tokenizer:
         return np.asarray(self.backend.encode(text, add_special_tokens=False).ids, np.int64)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """`encode` of each text, in parallel: a byte-level BPE through `jaxhc.data.words`,
-        other tokenizers by the tokenizers library's batch encoding (Rust threads)."""
+        """`encode` of each text: a byte-level BPE through `jaxhc.data.words`, other tokenizers
+        by the tokenizers library's batch encoding (in parallel, Rust threads)."""
         if self.is_bytes:
             return [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
         if self._words is not None:
