@@ -32,6 +32,8 @@ def test_cached_logits_equal_the_full_forward(params):
         np.testing.assert_allclose(np.asarray(logits[:, 0]), full[:, pos], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # a transformers model to build (the chain holds without it: the cached logits
+# equal gpt.logits here, and gpt.logits equals transformers' in test_model_hf.py)
 def test_greedy_generation_is_transformers_most_likely_tokens():
     """Greedy decoding of an imported transformers model: each token is the argmax of
     transformers' logits after the prompt and the tokens before it (its greedy search)."""
