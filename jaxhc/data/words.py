@@ -9,7 +9,8 @@ words' ids joined. The ids equal the tokenizer's (tested over the Unicode range 
 `tokenizers`); a text holding one of the tokenizer's added tokens (``<|endoftext|>`` ...) is
 left to the tokenizer, which matches those before splitting. It runs in one thread: threads
 that release the GIL around the matching, and two worker processes, both ran slower than one
-thread on this 2-core machine (measured while preparing bench/results/workflow.json).
+thread on this 2-core machine (measured by hand; bench/workflow.py compares the result with the
+tokenizers library's own batch encoding).
 """
 
 from __future__ import annotations
