@@ -112,10 +112,14 @@ test-all: setup setup-mpi
 	$(XLA_HOST8) $(PYTEST) -q -m "not mpi"
 	@$(MAKE) --no-print-directory test-mpi
 
-# The default small GPT on the embedded corpus, 8 simulated CPU devices, policy zhybrid.
+# The default small GPT on the embedded corpus, 8 simulated CPU devices, policy zhybrid; then a
+# short sample of what it writes.
 RUN ?= runs/default-$(shell date +%Y%m%d-%H%M%S)
 train: setup
-	$(XLA_HOST8) $(BIN)/jaxhc train --config configs/experiments/default.yaml --out $(RUN)
+	run="$(RUN)" && \
+	  $(XLA_HOST8) $(BIN)/jaxhc train --config configs/experiments/default.yaml --out "$$run" && \
+	  echo "--- a sample from $$run:" && \
+	  $(BIN)/jaxhc generate --run "$$run" --prompt "The " --max-new-tokens 200 --seed 0
 
 bench: setup
 	$(BIN)/python bench/codecs.py --out bench/results/codecs.json
