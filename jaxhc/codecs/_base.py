@@ -35,6 +35,10 @@ class Codec(abc.ABC):
 
     #: True when decode(encode(x)) == x bit for bit.
     lossless: bool
+    #: A message cut into parts at multiples of this many values has each part coded as the
+    #: whole message codes those values (a lossy codec's result for a value depends on the other
+    #: values of its block); 0: no cut keeps them (e.g. rounding keyed by a value's index).
+    segment_values: int = 1
     #: The dtypes it compresses (`supports`, `check_dtype`).
     dtypes = FLOAT_DTYPES
 

@@ -75,6 +75,11 @@ class Quant(FixedSizeCodec):
         return f"q{self.bits}{suffix}"
 
     @property
+    def segment_values(self) -> int:
+        """Its blocks; none with stochastic rounding, keyed by a value's index in the message."""
+        return 0 if self.stochastic else self.block
+
+    @property
     def bits_per_value(self) -> float:
         """Payload bits per value of long rows (the scale included, the 8-byte padding not)."""
         return self.bits + 32 / self.block

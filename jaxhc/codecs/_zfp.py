@@ -84,6 +84,10 @@ class Zfp(FixedSizeCodec):
         """Values per block: 4, 16 or 64."""
         return 4**self.dims
 
+    @property
+    def segment_values(self) -> int:
+        return self.block_values
+
     def maxbits(self, dtype) -> int:
         """Bits per block, rounded and clamped as zfp_stream_set_rate does."""
         coded = self.coded_dtype(dtype)

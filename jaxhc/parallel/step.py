@@ -39,7 +39,7 @@ from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.model.tensor_parallel import TensorParallel
 from jaxhc.parallel import fidelity, zero
-from jaxhc.parallel.layout import PAIRED
+from jaxhc.parallel.layout import ALIGN, PAIRED
 from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
 from jaxhc.policy import Policy
@@ -113,6 +113,51 @@ def _local_loss_and_grads(params, tokens, cfg, mesh_cfg, data="data"):
     objective = functools.partial(_local_loss, cfg=cfg, mesh_cfg=mesh_cfg, data=data)
     local, grads = jax.value_and_grad(objective)(params, tokens)
     return zero.psum_scalar(local, (*axis_tuple(data), "pipe")), grads
+
+
+def _overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs):
+    """(global loss, this rank's reduced gradient chunk), each layer's gradient reduced over the
+    data levels in the backward as soon as it is produced (`zero.layer_reduce`), the shared
+    parameters' after it: the chunk `zero.reduce` gives, with the same bits (each call coded as
+    the whole vector's would be: `codecs`, from `zero.whole_codecs`)."""
+    layout, shard = plan.layout, plan.shard
+    shared = {k: v for k, v in params.items() if k != "blocks"}
+
+    def reduce_row(flat):
+        return zero.reduce_gradients(flat, layout, shard=shard, codecs=codecs)
+
+    sink = jnp.zeros((layout.layers, layout.layer_padded // shard.grads), jnp.float32)
+
+    def objective(shared, sink):
+        full = {**shared, "blocks": (params["blocks"], sink)}
+        fetch = zero.layer_reduce(layout, reduce_row)
+        return _local_loss(full, tokens, cfg, mesh_cfg, shard.data_axis, fetch)
+
+    local, (g, layers) = jax.value_and_grad(objective, argnums=(0, 1))(shared, sink)
+    g = reduce_row(layout.shared_flat(_sum_shared(g, shard.axes)))
+    loss = zero.psum_scalar(local, (*axis_tuple(shard.data_axis), "pipe"))
+    return loss, layout.join(g, layers)
+
+
+def overlaps(plan: Plan, fidelity_every: int = 0, codecs=None) -> bool:
+    """Whether the train step can reduce the gradients layer by layer in the backward
+    (`train.overlap`) with the bits of the whole vector's reduction: parameters not sharded
+    (sharded ones are reduced in their gathers' backward), one micro-batch (the reductions would
+    otherwise run once per micro-batch), no error-feedback residuals, no fidelity sampling (it
+    needs the unreduced gradients), and every lossy codec of the reduction (`codecs`:
+    `zero.whole_codecs`) coding a segment's values as the whole vector's (`ALIGN` a multiple of
+    its `segment_values`)."""
+    cut = all(
+        c is None or c.lossless or (c.segment_values and ALIGN % c.segment_values == 0)
+        for c in (codecs or {}).values()
+    )
+    return (
+        cut
+        and not plan.sharded_params
+        and plan.mesh_cfg.microbatches == 1
+        and not plan.error_feedback
+        and fidelity_every == 0
+    )
 
 
 def _sum_shared(grads, data=("data",)):
@@ -215,12 +260,13 @@ def per_shard_train_step(
     optim_cfg: OptimConfig,
     policy,
     fidelity_every: int = 0,
+    overlap: bool = True,
 ):
     """``step(state, tokens) -> (state, metrics)`` as one rank runs it, on its blocks.
 
     `state` has the blocks of `train_state_specs`, `tokens` this rank's rows (split over "data").
     For a launcher that runs per-shard functions itself (one process per device); the batch is
-    not validated here (`validate(..., batch_size=)` it first). `fidelity_every`: see
+    not validated here (`validate(..., batch_size=)` it first). `fidelity_every`, `overlap`: see
     `make_train_step`.
     """
     policy = context.as_policy(policy)
@@ -248,6 +294,9 @@ def per_shard_train_step(
                 params, before, tokens, model_cfg, mesh_cfg, plan
             )
             local = None
+        elif overlap and overlaps(plan, fidelity_every, codecs := zero.whole_codecs(layout, shard)):
+            loss, g = _overlapped_loss_and_grads(params, tokens, model_cfg, mesh_cfg, plan, codecs)
+            opt_state, local = before, None
         else:
             loss, local = _local_loss_and_grads(
                 params, tokens, model_cfg, mesh_cfg, shard.data_axis
@@ -294,6 +343,7 @@ def make_train_step(
     mesh: Mesh,
     policy,
     fidelity_every: int = 0,
+    overlap: bool = True,
 ):
     """``step(state, tokens) -> (state, metrics)``, jitted; `state` is donated.
 
@@ -305,7 +355,8 @@ def make_train_step(
     (bool: the gradients were not finite on some rank, and the update was skipped on every rank);
     with `fidelity_every` = k > 0, on steps divisible by k, ``grad_rel_err`` and ``grad_cos`` of
     the compressed gradient reduction against an exact one (`jaxhc.parallel.fidelity`; NaN on
-    other steps and when k = 0).
+    other steps and when k = 0). With `overlap`, where `overlaps` says the step can, each layer's
+    gradients are reduced in the backward as soon as they are produced (the same bits).
     policy: a `jaxhc.Policy`, a preset name or YAML path, or None for plain `jax.lax` collectives.
     Traffic is recorded by jaxhc's collectives in any active `jaxhc.accounting.Ledger`.
 
@@ -315,7 +366,9 @@ def make_train_step(
     check_mesh(mesh, mesh_cfg)
     policy = context.as_policy(policy)
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
-    per_shard = per_shard_train_step(model_cfg, mesh_cfg, optim_cfg, policy, fidelity_every)
+    per_shard = per_shard_train_step(
+        model_cfg, mesh_cfg, optim_cfg, policy, fidelity_every, overlap
+    )
     specs = plan.state_specs
     # With a nested data axis the program runs on a view of the mesh whose data axis is the
     # sub-axes: the same devices in the same order, so its shardings are equivalent to the

@@ -35,6 +35,7 @@ from jax import lax
 
 import jaxhc
 from jaxhc import context
+from jaxhc.collectives import resolve_codec
 from jaxhc.model.config import OptimConfig
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout, decay_mask, per_value
@@ -108,39 +109,66 @@ def split_residual(residual, padded: int, shard: ShardPlan) -> list:
     return out
 
 
-def scatter_levels(flat, steps, residuals=None):
+def scatter_levels(flat, steps, residuals=None, codecs=None):
     """Reduce-scatter `flat` over each (axis, size) of `steps` in turn (``kind="grad"``); with
-    `residuals` (one per step, error feedback), (flat, new residuals)."""
+    `residuals` (one per step, error feedback), (flat, new residuals). `codecs` (one per step):
+    the codec each call compresses with (None: the policy's choice for `flat` itself)."""
     new = []
     for i, (axis, _) in enumerate(steps):
+        codec = None if codecs is None else codecs[i]
         if residuals is None:
-            flat = jaxhc.psum_scatter(flat, axis, tiled=True, kind="grad")
+            flat = jaxhc.psum_scatter(flat, axis, tiled=True, kind="grad", codec=codec)
         else:
-            flat, r = jaxhc.psum_scatter(flat, axis, tiled=True, kind="grad", residual=residuals[i])
+            flat, r = jaxhc.psum_scatter(
+                flat, axis, tiled=True, kind="grad", codec=codec, residual=residuals[i]
+            )
             new.append(r)
     return flat if residuals is None else (flat, new)
 
 
-def reduce_gradients(grads, layout: FlatLayout, residual=None, shard=None, scattered=0):
+def whole_codecs(layout: FlatLayout, shard: ShardPlan | None, dtype=jnp.float32) -> dict:
+    """The codec the whole flat vector's reduction (`reduce_gradients`) gets on each call, by
+    (axis, "scatter" | "gather"): a segment reduced on its own is sent the same way (the
+    policy's ``min_bytes`` would otherwise see a smaller message), so its bits are the same."""
+    keep = ("data",) if shard is None else shard.grad_axes
+    steps, n, out = levels(shard), layout.padded, {}
+    for axis, size in steps:
+        like = jax.ShapeDtypeStruct((n,), dtype)
+        out[axis, "scatter"] = resolve_codec(like, axis, None, None, "grad")
+        n //= size
+    for axis, size in reversed(steps):
+        if axis not in keep:
+            like = jax.ShapeDtypeStruct((n,), dtype)
+            out[axis, "gather"] = resolve_codec(like, axis, None, None, "grad")
+            n *= size
+    return out
+
+
+def reduce_gradients(
+    grads, layout: FlatLayout, residual=None, shard=None, scattered=0, codecs=None
+):
     """This rank's chunk of the flattened gradients, summed over the data axis: its share of the
     plan's gradient group (`shard`; None: the whole "data" axis, ZeRO). Reduce-scattered level by
     level, innermost first, then all-gathered back over the levels outside the gradient group,
     outermost first (a hierarchical all-reduce there: each level moves 1/its inner ranks of the
     vector).
 
-    `scattered`: how many levels (innermost first) `grads` has already been reduce-scattered over
-    (then it is that flat chunk: sharded parameters, `gather_params`). With `residual` (error
-    feedback: the residuals of the levels still to do, one list entry each), (chunk, new
-    residuals).
+    `grads`: the parameter tree, or flat (the whole vector, or a segment of it: its pieces split
+    over the levels as the vector's do). `scattered`: how many levels (innermost first) it has
+    already been reduce-scattered over (sharded parameters, `gather_params`). With `residual`
+    (error feedback: the residuals of the levels still to do, one list entry each), (chunk, new
+    residuals). `codecs`: `whole_codecs`, for a segment sent as the whole vector would be.
     """
-    flat = grads if scattered else layout.flatten(grads)
+    flat = layout.flatten(grads) if isinstance(grads, dict) else grads
     keep = ("data",) if shard is None else shard.grad_axes
-    steps = levels(shard)
-    out = scatter_levels(flat, steps[scattered:], residual)
+    steps = levels(shard)[scattered:]
+    chosen = None if codecs is None else [codecs[a, "scatter"] for a, _ in steps]
+    out = scatter_levels(flat, steps, residual, chosen)
     flat = out if residual is None else out[0]
-    for axis, _ in reversed(steps):  # outermost first
+    for axis, _ in reversed(levels(shard)):  # outermost first
         if axis not in keep:
-            flat = jaxhc.all_gather(flat, axis, tiled=True, kind="grad")
+            codec = None if codecs is None else codecs[axis, "gather"]
+            flat = jaxhc.all_gather(flat, axis, tiled=True, kind="grad", codec=codec)
     return flat if residual is None else (flat, out[1])
 
 
@@ -240,6 +268,35 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
             ct_params, ct_h = where["tree"].unflatten(leaves)(ct)
             flat = layout.layer_flat(jax.tree.map(lambda x: x[None], ct_params), pad=False)
             return ct_h, None, flat[0]
+
+        run.defvjp(fwd, bwd)
+        return run(h, *xs)
+
+    return fetch
+
+
+def layer_reduce(layout: FlatLayout, reduce_row: Callable) -> Callable:
+    """Unsharded parameters, gradients reduced in the backward: ``fetch(layer, h, (params,
+    sink)) -> layer(params, h)``, whose reverse mode gives the layer's parameters no cotangent
+    and gives `sink` (zeros shaped like the reduction's result) ``reduce_row(row)``, where row
+    is the layer's gradient flattened into its padded segment (`FlatLayout.layer_flat`). Each
+    layer's reduction is thus issued as soon as the backward has produced its gradient, while
+    the earlier layers' backward is still to run, and the segments' reductions joined give the
+    whole vector's bits (a segment's pieces are whole codec blocks). One micro-batch only: the
+    sinks' cotangents of several would be added after their reductions."""
+
+    def fetch(layer, h, xs):
+        @jax.custom_vjp
+        def run(h, params, sink):
+            return layer(params, h)
+
+        def fwd(h, params, sink):
+            return jax.vjp(layer, params, h)
+
+        def bwd(pullback, ct):
+            ct_params, ct_h = pullback(ct)
+            row = layout.layer_flat(jax.tree.map(lambda x: x[None], ct_params))[0]
+            return ct_h, None, reduce_row(row)
 
         run.defvjp(fwd, bwd)
         return run(h, *xs)

@@ -21,6 +21,10 @@ class TrainConfig:
     ``fidelity_every``: every k steps, also reduce the gradients exactly and record the compressed
     reduction's relative error and cosine similarity (``grad_rel_err``, ``grad_cos``; see
     `jaxhc.parallel.fidelity`); 0 (default) never, as it costs a second reduction.
+    ``overlap``: reduce each layer's gradients in the backward as soon as they are produced,
+    while the earlier layers' backward runs, where the step can (`jaxhc.parallel.step.overlaps`:
+    unsharded parameters, one micro-batch, no error feedback, no fidelity sampling); the same
+    bits either way.
     """
 
     steps: int = 300
@@ -34,6 +38,7 @@ class TrainConfig:
     # Steps whose gradients are not finite are skipped (the state stays); this many in a row end
     # the run with an error (0: the first one does).
     max_skipped_steps: int = 5
+    overlap: bool = True
 
     def __post_init__(self):
         for key in (
@@ -48,6 +53,8 @@ class TrainConfig:
         whole_number("train.seed", self.seed, least=0)
         whole_number("train.fidelity_every", self.fidelity_every, least=0)
         whole_number("train.max_skipped_steps", self.max_skipped_steps, least=0)
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"train.overlap={self.overlap!r} must be true or false")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -149,7 +149,13 @@ class XlaRunner(Runner):
         policy = cfg.policy
         self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
         self._step = make_train_step(
-            cfg.model, cfg.mesh, cfg.optim, self.mesh, policy, cfg.train.fidelity_every
+            cfg.model,
+            cfg.mesh,
+            cfg.optim,
+            self.mesh,
+            policy,
+            cfg.train.fidelity_every,
+            cfg.train.overlap,
         )
         self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
 

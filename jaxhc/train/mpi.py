@@ -129,7 +129,9 @@ class MpiRunner(Runner):
         self.specs = shard.on_view(self.plan.state_specs)
         self.rows = P(shard.data_axis)
         self._step = self.launcher.shard_map(
-            per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, policy, cfg.train.fidelity_every),
+            per_shard_train_step(
+                cfg.model, cfg.mesh, cfg.optim, policy, cfg.train.fidelity_every, cfg.train.overlap
+            ),
             in_specs=(self.specs, self.rows),
             out_specs=(self.specs, METRIC_SPECS),
             donate_argnums=0,  # the state is updated in place, as the XLA loop's is
