@@ -100,36 +100,35 @@ struct CpuScalar : ScalarTeam {
 struct Avx2Team {
   using V = __m256i;
   struct D {
-    __m256d lo, hi;  // lanes 0-3, 4-7
+    __m256i even, odd;  // int64 sums of lanes 0, 2, 4, 6 and 1, 3, 5, 7
   };
   static constexpr int kLanes = 8, kGroup = 8;
 
   static V add(V a, V b) { return _mm256_add_epi32(a, b); }
   static V sub(V a, V b) { return _mm256_sub_epi32(a, b); }
+  // partner + (v, negated where bit h of the lane is set)
   static V lane_butterfly(V v, int h) {
-    if (h == 1) {
-      const V p = _mm256_shuffle_epi32(v, 0xb1);
-      return _mm256_blend_epi32(add(v, p), sub(p, v), 0xaa);
-    }
-    if (h == 2) {
-      const V p = _mm256_shuffle_epi32(v, 0x4e);
-      return _mm256_blend_epi32(add(v, p), sub(p, v), 0xcc);
-    }
-    const V p = _mm256_permute2x128_si256(v, v, 1);
-    return _mm256_blend_epi32(add(v, p), sub(p, v), 0xf0);
+    if (h == 1)
+      return add(_mm256_shuffle_epi32(v, 0xb1), _mm256_sign_epi32(v, _mm256_setr_epi32(1, -1, 1, -1, 1, -1, 1, -1)));
+    if (h == 2)
+      return add(_mm256_shuffle_epi32(v, 0x4e), _mm256_sign_epi32(v, _mm256_setr_epi32(1, 1, -1, -1, 1, 1, -1, -1)));
+    return add(_mm256_permute2x128_si256(v, v, 1),
+               _mm256_sign_epi32(v, _mm256_setr_epi32(1, 1, 1, 1, -1, -1, -1, -1)));
   }
-  static D dzero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+  static D dzero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  // The squares as int64 (exact: below 2^41, their sums below 2^51), even and odd lanes.
   static D square_add(D d, V v) {
-    const __m256d lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(v));
-    const __m256d hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(v, 1));
-    return {_mm256_add_pd(d.lo, _mm256_mul_pd(lo, lo)), _mm256_add_pd(d.hi, _mm256_mul_pd(hi, hi))};
+    const V odd = _mm256_srli_epi64(v, 32);
+    return {_mm256_add_epi64(d.even, _mm256_mul_epi32(v, v)),
+            _mm256_add_epi64(d.odd, _mm256_mul_epi32(odd, odd))};
   }
-  static D dadd(D a, D b) { return {_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)}; }
+  static D dadd(D a, D b) {
+    return {_mm256_add_epi64(a.even, b.even), _mm256_add_epi64(a.odd, b.odd)};
+  }
   static double lane_total(D d) {
-    __m256d t = _mm256_add_pd(d.lo, d.hi);
-    t = _mm256_add_pd(t, _mm256_permute2f128_pd(t, t, 1));
-    t = _mm256_add_pd(t, _mm256_permute_pd(t, 0x5));
-    return _mm256_cvtsd_f64(t);
+    alignas(32) int64_t s[4];
+    _mm256_store_si256(reinterpret_cast<V*>(s), _mm256_add_epi64(d.even, d.odd));
+    return static_cast<double>(s[0] + s[1] + s[2] + s[3]);
   }
 
   template <typename T, bool kFull>
@@ -179,9 +178,13 @@ struct Avx2Team {
     constexpr int half = 1 << (bits - 1);
     const V a = _mm256_abs_epi32(y);
     V k = _mm256_setzero_si256();
-    if constexpr (bits == 4) {  // count the thresholds below |y|
-      for (int j = 0; j + 1 < half; j++)
-        k = _mm256_sub_epi32(k, _mm256_cmpgt_epi32(a, _mm256_set1_epi32(thr[j])));
+    if constexpr (bits == 4) {  // core's binary search, the 8 thresholds in a register
+      const V t0 = _mm256_load_si256(reinterpret_cast<const V*>(thr));
+      const V t1 = _mm256_loadu_si256(reinterpret_cast<const V*>(thr + 1));  // thr[8]: padding
+      k = _mm256_and_si256(_mm256_cmpgt_epi32(a, _mm256_set1_epi32(thr[3])), _mm256_set1_epi32(4));
+      k = _mm256_add_epi32(k, _mm256_and_si256(_mm256_cmpgt_epi32(a, _mm256_permutevar8x32_epi32(t1, k)),
+                                               _mm256_set1_epi32(2)));
+      k = _mm256_sub_epi32(k, _mm256_cmpgt_epi32(a, _mm256_permutevar8x32_epi32(t0, k)));
     } else {  // core's binary search, the thresholds gathered
       for (int step = half / 2; step; step >>= 1) {
         const V t = _mm256_i32gather_epi32(thr, _mm256_add_epi32(k, _mm256_set1_epi32(step - 1)), 4);
