@@ -16,6 +16,7 @@ import os
 import sys
 
 from jaxhc._compat import set_cpu_device_count
+from jaxhc.policy import PRESETS
 from jaxhc.train.progress import Progress
 
 LOG_EVERY_HELP = (
@@ -51,8 +52,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--config", help="experiment YAML (default: the built-in small GPT)")
     p.add_argument(
         "--compression",
-        help="policy preset (none, zfp8, zfp16, mpc, mzhybrid, "
-        "zhybrid, identity) or a policy YAML path",
+        help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path",
     )
     p.add_argument("--mesh", help="e.g. data=2,tensor=2,pipe=2[,microbatches=2]")
     p.add_argument("--steps", type=int, help="training steps (also the schedule's length)")

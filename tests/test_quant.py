@@ -1,5 +1,6 @@
 """The q8/q4 block quantizers against a numpy oracle (tests/_quant_oracle.py): payload bytes and
-decoded bits equal, the error bound, NaN/Inf, the fused decode-and-sum, specs, thread counts."""
+decoded bits equal, the error bound, NaN/Inf, the fused decode-and-sum, specs, thread counts (the
+rotated q4:h too; its own tests: tests/test_quant_rotated.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from _quant_oracle import decode as oracle_decode
 from _quant_oracle import encode as oracle_encode
+from _quant_oracle import rotated_decode, rotated_encode
 from test_zfp import _has_gpu
 
 from jaxhc import _native
@@ -329,7 +331,7 @@ from jaxhc.codecs import Quant
 digest = lambda a: hashlib.sha256(np.asarray(a).tobytes()).hexdigest()
 x = np.random.default_rng(7).standard_normal((3, 1 << 19)).astype(np.float32)
 out = {"threads": _native.cpu.threads()}
-for codec in (Quant(8), Quant(4, 64)):
+for codec in (Quant(8), Quant(4, 64), Quant(4, rotate=True)):
     enc = jax.jit(jax.vmap(codec.encode))(x)
     dec = jax.jit(lambda p: codec.decode(p, (x.shape[1],), jnp.float32))(enc.payload[0])
     total = jax.jit(lambda p: codec.decode_sum(p, x.shape[1], jnp.float32))(enc.payload)
@@ -346,6 +348,13 @@ def test_thread_counts_give_the_oracle_bytes():
         rt = [oracle_decode(oracle_encode(r, bits, block)[0], r.size, bits, block) for r in x]
         total = rt[0] + rt[1] + rt[2]
         want[spec] = [hashlib.sha256(a).hexdigest() for a in (p, rt[0].tobytes(), total.tobytes())]
+    levels, thresholds = _native.cpu.quant_levels(4)
+    p = rotated_encode(x[0], 4, 256, thresholds)[0]
+    rt = [
+        rotated_decode(rotated_encode(r, 4, 256, thresholds)[0], r.size, 4, 256, levels) for r in x
+    ]
+    total = rt[0] + rt[1] + rt[2]
+    want["q4:h"] = [hashlib.sha256(a).hexdigest() for a in (p, rt[0].tobytes(), total.tobytes())]
     for threads in (1, 3, 8):
         proc = subprocess.run(
             [sys.executable, "-c", CHILD],
