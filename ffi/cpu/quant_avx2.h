@@ -64,6 +64,14 @@ JAXHC_QUANT_AVX2 inline void store8(F16* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                    _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+// out[i] = acc[i] rounded to T, for whole chunks of 8; returns the values done.
+template <typename T>
+JAXHC_QUANT_AVX2 uint64_t narrow_avx2(const float* acc, uint64_t m, T* out) {
+  uint64_t i = 0;
+  for (; i + 8 <= m; i += 8)
+    store8(out + i, round8(_mm256_loadu_ps(acc + i), static_cast<T*>(nullptr)));
+  return i;
+}
 #endif
 
 }  // namespace quant

@@ -112,14 +112,6 @@ JAXHC_QUANT_AVX2 uint64_t decode_avx2(const uint8_t* codes, uint64_t m, float sc
   return i;
 }
 
-// out[i] = acc[i] rounded to T, for whole chunks of 8; returns the values done.
-template <typename T>
-JAXHC_QUANT_AVX2 uint64_t narrow_avx2(const float* acc, uint64_t m, T* out) {
-  uint64_t i = 0;
-  for (; i + 8 <= m; i += 8)
-    store8(out + i, round8(_mm256_loadu_ps(acc + i), static_cast<T*>(nullptr)));
-  return i;
-}
 #endif
 
 // --- one block (values [0, m) of x, codes of the block at `codes`), any element type ---------

@@ -351,7 +351,11 @@ void decode_sum_rows_t(const uint8_t* payload, int parts, uint64_t rows, const R
     if constexpr (std::is_same_v<T, float>) {
       std::memcpy(out, acc, m * sizeof(float));
     } else {
-      for (uint64_t i = 0; i < m; i++) out[i] = E<T>::narrow(acc[i]);
+      uint64_t i = 0;
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<K, Avx2Blocks>) i = narrow_avx2(acc, m, out);
+#endif
+      for (; i < m; i++) out[i] = E<T>::narrow(acc[i]);
     }
   });
 }
