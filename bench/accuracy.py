@@ -49,6 +49,8 @@ CODECS = (
     "q8:b64",
     "q8:h",
     "q4:h",
+    "q4:b1024",
+    "q4:b1024:h",
     "bf16 cast",
     "fp16 cast",
 )
@@ -164,7 +166,7 @@ NOTES = [
     "64 consecutive values (the array laid out as (n/4, 4) / (n/16, 4, 4)). q8:h / q4:h: each "
     "block of 256 values turned by a fixed randomized Hadamard transform, then coded with the "
     "256 / 16 Lloyd-Max levels of a Gaussian scaled by the block's RMS (the last block of each "
-    "array padded to 256 codes).",
+    "array padded to 256 codes); q4:b1024 / q4:b1024:h: blocks of 1024.",
     "GB/s: 1e9 bytes of input per second, one CPU, JAXHC_THREADS=1, random walk data.",
 ]
 

@@ -58,15 +58,20 @@ def stochastic_codes(x32, inv, q: int, draw) -> np.ndarray:
     return np.clip(np.where(tiny, 0, codes), -q, q)
 
 
+def blocks_of(x, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x as flat float32 (exact widening), its zero-padded blocks (blocks, block), their largest
+    |x| as bits)."""
+    x32 = np.asarray(x).astype(np.float32).reshape(-1)
+    padded = np.zeros(-(-x32.size // block) * block, np.float32)
+    padded[: x32.size] = x32
+    rows = padded.reshape(-1, block)
+    return x32, rows, (rows.view(np.uint32) & 0x7FFFFFFF).max(axis=1)
+
+
 def encode(x, bits: int, block: int, stochastic: bool = False, seed: int = 0) -> tuple[bytes, bool]:
     """(payload bytes, every value finite) of the flattened x (float32, bfloat16 or float16)."""
-    x32 = np.asarray(x).astype(np.float32).reshape(-1)  # exact widening
-    n = x32.size
-    blocks = -(-n // block)
-    padded = np.zeros(blocks * block, np.float32)
-    padded[:n] = x32
-    rows = padded.reshape(blocks, block)
-    amax_bits = (rows.view(np.uint32) & 0x7FFFFFFF).max(axis=1)
+    x32, rows, amax_bits = blocks_of(x, block)
+    n, blocks = x32.size, rows.shape[0]
     zero = (amax_bits >= INF_BITS) | (amax_bits < TINY_BITS)
     amax = np.where(zero, np.uint32(0x3F800000), amax_bits).astype(np.uint32).view(np.float32)
     q = np.float32(qmax(bits))
@@ -137,19 +142,14 @@ def negated(block: int) -> np.ndarray:
 
 
 def rotated_payload_bytes(n: int, bits: int, block: int) -> int:
-    blocks = -(-n // block)
-    return -(-(4 * blocks + blocks * block * bits // 8) // 8) * 8
+    """The plain layout's size for the whole blocks: every code of a padded block is sent."""
+    return payload_bytes(-(-n // block) * block, bits, block)
 
 
 def rotated_encode(x, bits: int, block: int, thresholds) -> tuple[bytes, bool]:
     """(payload, ok) of q<bits>:h on the flattened x; `thresholds`: the positive half (float32)."""
-    x32 = np.asarray(x).astype(np.float32).reshape(-1)
+    x32, rows, amax = blocks_of(x, block)
     n, b = x32.size, block.bit_length() - 1
-    blocks = -(-n // block)
-    padded = np.zeros(blocks * block, np.float32)
-    padded[:n] = x32
-    rows = padded.reshape(blocks, block)
-    amax = (rows.view(np.uint32) & 0x7FFFFFFF).max(axis=1)
     zero = (amax >= HUGE_BITS) | (amax < TINY_ROT_BITS)
     e = (amax >> 23).astype(np.int64) - 127
     factor = np.where(zero, 0, (273 - (amax >> 23).astype(np.int64)) << 23).astype(np.uint32)

@@ -1,7 +1,7 @@
 """The rotated block quantizers q8:h / q4:h: the level tables against a Lloyd-Max solution with
 scipy, the transform against scipy's Hadamard matrix, payloads and decoded bits against the numpy
-oracle (tests/_quant_oracle.py) on both CPU kernels, NaN/Inf and huge values, the fused
-decode-and-sum, the collectives' fallback and error feedback, specs and policies."""
+oracle (tests/_quant_oracle.py) on both CPU kernels (the GPU: tests/test_quant.py), NaN/Inf and
+huge values, the fused decode-and-sum, the collectives' fallback and error feedback, policies."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
-from _quant_oracle import rotated_decode, rotated_encode
 from scipy.linalg import hadamard
 from scipy.optimize import fsolve
 from scipy.stats import norm
-from test_zfp import _has_gpu
+from test_quant import (
+    DTYPES,
+    assert_same_bits,
+    kernel,  # noqa: F401 - the fixture: each CPU kernel
+    oracle,
+    ours,
+    sample,
+)
 
 import jaxhc
 from jaxhc import _native
@@ -24,42 +29,8 @@ from jaxhc.codecs import Codec, Quant, parse
 from jaxhc.policy import Policy
 from tests._mesh import mesh_of, run
 
-KERNELS = _native.cpu.quant_kernels()
-DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 SIZES = [1, 7, 255, 257, 2049]
 TABLES = {bits: _native.cpu.quant_levels(bits) for bits in (4, 8)}
-
-
-@pytest.fixture(params=KERNELS)
-def kernel(request, monkeypatch):
-    """Each kernel this CPU runs (JAXHC_QUANT_KERNEL is read at every call)."""
-    monkeypatch.setenv("JAXHC_QUANT_KERNEL", request.param)
-    return request.param
-
-
-def sample(n, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(n) * np.exp(rng.uniform(-3, 3, n))  # magnitudes over ~2.5 decades
-    return x.astype(DTYPES[dtype])
-
-
-def oracle(x, codec: Quant):
-    levels, thresholds = TABLES[codec.bits]
-    payload, ok = rotated_encode(x, codec.bits, codec.block, thresholds)
-    return payload, ok, rotated_decode(payload, x.size, codec.bits, codec.block, levels, x.dtype)
-
-
-def ours(codec: Quant, x: np.ndarray):
-    enc = codec.encode(jnp.asarray(x))
-    y = codec.decode(enc.payload, x.shape, x.dtype)
-    return np.asarray(enc.payload).tobytes(), bool(enc.ok), np.asarray(y)
-
-
-def assert_same_bits(got, want):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    bits = {2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
-    np.testing.assert_array_equal(got.view(bits), want.view(bits))
 
 
 # --- the constants, from first principles -------------------------------------------------------
@@ -100,7 +71,8 @@ def test_level_tables_are_the_lloyd_max_quantizer_of_a_gaussian(bits):
 
 
 @pytest.mark.parametrize("block", [64, 128, 256, 512, 1024])
-def test_transform_is_the_hadamard_matrix_and_its_own_inverse(kernel, block):
+@pytest.mark.usefixtures("kernel")
+def test_transform_is_the_hadamard_matrix_and_its_own_inverse(block):
     """H x exactly (scipy's Sylvester matrix, integer arithmetic), and H (H x) = block * x bit for
     bit: a stage in the wrong order, place or sign breaks both."""
     rng = np.random.default_rng(block)
@@ -118,7 +90,8 @@ def test_transform_is_the_hadamard_matrix_and_its_own_inverse(kernel, block):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("bits", [4, 8])
-def test_payload_and_values_equal_the_oracle(kernel, bits, dtype):
+@pytest.mark.usefixtures("kernel")
+def test_payload_and_values_equal_the_oracle(bits, dtype):
     for block in (64, 1024):
         codec = Quant(bits=bits, block=block, rotate=True)
         for n in SIZES:
@@ -132,7 +105,8 @@ def test_payload_and_values_equal_the_oracle(kernel, bits, dtype):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_special_values_equal_the_oracle(kernel, bits):
+@pytest.mark.usefixtures("kernel")
+def test_special_values_equal_the_oracle(bits):
     """Zeros, -0.0, subnormals beside normal values, blocks below 2^-96 and near 2^116, one
     outlier per block: the same bytes whatever flush-to-zero mode the handler runs in."""
     blocks = [
@@ -154,7 +128,8 @@ def test_special_values_equal_the_oracle(kernel, bits):
 
 
 @pytest.mark.parametrize("scale", [3e-7, 1e-3])
-def test_float16_subnormals_and_fused_sums(kernel, scale):
+@pytest.mark.usefixtures("kernel")
+def test_float16_subnormals_and_fused_sums(scale):
     """float16 rows of subnormal values (decoded ones too), and the fused decode-and-sum equal to
     decoding then adding in rank order under XLA:CPU's flush-to-zero mode."""
     x = (np.random.default_rng(1).standard_normal(2049) * scale).astype(np.float16)
@@ -171,7 +146,8 @@ def test_float16_subnormals_and_fused_sums(kernel, scale):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_fused_decode_sum_is_decode_then_sum(kernel, dtype):
+@pytest.mark.usefixtures("kernel")
+def test_fused_decode_sum_is_decode_then_sum(dtype):
     codec, n = parse("q4:b128:h"), 1003
     rows = np.stack([sample(n, dtype, seed=10 + p) for p in range(3)])
     payloads = jax.jit(jax.vmap(codec.encode))(jnp.asarray(rows)).payload
@@ -254,38 +230,6 @@ def test_psum_scatter_residual_is_what_the_codec_lost():
 # --- specs and policies ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "spec, codec",
-    [
-        ("q4:h", Quant(4, rotate=True)),
-        ("q8:h", Quant(8, rotate=True)),
-        (" Q4:B64:H ", Quant(4, 64, rotate=True)),
-        ("q8:b1024:h", Quant(8, 1024, rotate=True)),
-    ],
-)
-def test_spec_round_trips(spec, codec):
-    assert parse(spec) == codec and parse(codec.spec) == codec
-    assert codec.payload_bytes(1 << 20) * 8 / (1 << 20) == codec.bits_per_value
-
-
-@pytest.mark.parametrize(
-    "spec, culprit",
-    [
-        ("q4:b100:h", "block 100"),
-        ("q4:b32:h", "block 32"),
-        ("q4:b2048:h", "block 2048"),
-        ("q4:h:h", "'q4:h:h'"),
-        ("q4:h:b64", "'q4:h:b64'"),
-        ("q4:sr:h", "'q4:sr:h'"),
-        ("q4:hx", "'q4:hx'"),
-    ],
-)
-def test_bad_spec_is_one_line_error_naming_it(spec, culprit):
-    with pytest.raises(ValueError) as err:
-        parse(spec)
-    assert culprit in str(err.value) and "\n" not in str(err.value)
-
-
 def test_bad_arguments_are_one_line_errors():
     with pytest.raises(ValueError, match="rotate 1 must be true or false"):
         Quant(rotate=1)
@@ -305,25 +249,3 @@ def test_policy_takes_rotate_entries_and_the_q4_ef_preset():
     assert q.codec_for("data", "grad") == Quant(4, rotate=True) and q.error_feedback("data")
     assert q.codec_for("data", "param") == Quant(8)
     assert q.codec_for("tensor").lossless  # MPC
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="no GPU")
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("spec", ["q4:h", "q8:h", "q4:b64:h", "q8:b1024:h"])
-def test_gpu_equals_the_oracle(spec, dtype):
-    """The CUDA kernels: payloads, values and rank-order sums as the oracle's."""
-    codec, gpu, dt = parse(spec), jax.devices("gpu")[0], DTYPES[dtype]
-    for n in SIZES:
-        rows = np.stack([sample(n, dtype, seed=n + s) for s in range(3)])
-        rows[2, n // 2] = np.inf
-        enc = jax.jit(jax.vmap(codec.encode))(jax.device_put(rows, gpu))
-        dec = jax.jit(jax.vmap(lambda p, n=n: codec.decode(p, (n,), dt)))(enc.payload)
-        total = jax.jit(lambda p, n=n: codec.decode_sum(p, n, dt))(enc.payload[:2])
-        want = [oracle(r, codec) for r in rows]
-        assert np.asarray(enc.ok).tolist() == [w[1] for w in want]
-        for r in range(3):
-            assert np.asarray(enc.payload[r]).tobytes() == want[r][0], f"n={n} row {r}"
-            assert_same_bits(np.asarray(dec[r]), want[r][2])
-        summed = (want[0][2].astype(np.float32) + want[1][2].astype(np.float32)).astype(dt)
-        assert_same_bits(np.asarray(total), summed)

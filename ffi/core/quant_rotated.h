@@ -61,9 +61,9 @@ JAXHC_HD constexpr int log2_of(uint64_t block) {
   while ((uint64_t{1} << b) < block) b++;
   return b;
 }
+// The plain layout's size for the whole blocks: every code of a padded block is sent.
 JAXHC_HD uint64_t rotated_payload_bytes(uint64_t n, int bits, uint64_t block) {
-  const uint64_t blocks = blocks_of(n, block);
-  return (4 * blocks + blocks * block * bits / 8 + 7) / 8 * 8;
+  return payload_bytes(blocks_of(n, block) * block, bits, block);
 }
 // Bytes of a q8/q4 payload, rotated (q8:h, q4:h) or not.
 JAXHC_HD uint64_t payload_bytes(uint64_t n, int bits, uint64_t block, bool rotate) {

@@ -360,37 +360,35 @@ void decode_sum_rows_t(const uint8_t* payload, int parts, uint64_t rows, const R
   });
 }
 
+// Calls fn(blocks, T{}, IntTag<block>, IntTag<bits>) for kernel k's block functions.
+template <typename Fn>
+void dispatch(Kernel k, Elem type, uint64_t block, int bits, Fn&& fn) {
+  with_kernel(k, [&](auto blocks) {
+    with_elem(type, [&](auto t) {
+      with_block(block, [&](auto b) { with_bits(bits, [&](auto q) { fn(blocks, t, b, q); }); });
+    });
+  });
+}
+
 }  // namespace
 
 void encode_rotated_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, int bits,
                          uint64_t block, uint8_t* payload, bool* ok) {
   const Row r(n, bits, block, true);
-  with_kernel(k, [&](auto blocks) {
-    with_elem(type, [&](auto t) {
-      with_block(block, [&](auto b) {
-        with_bits(bits, [&](auto q) {
-          using T = decltype(t);
-          encode_rows_t<T, decltype(blocks), decltype(b)::value, decltype(q)::value>(
-              static_cast<const T*>(x), rows, r, payload, ok);
-        });
-      });
-    });
+  dispatch(k, type, block, bits, [&](auto blocks, auto t, auto b, auto q) {
+    using T = decltype(t);
+    encode_rows_t<T, decltype(blocks), decltype(b)::value, decltype(q)::value>(
+        static_cast<const T*>(x), rows, r, payload, ok);
   });
 }
 
 void decode_sum_rotated_rows(Kernel k, const uint8_t* payload, int parts, Elem type,
                              uint64_t rows, uint64_t n, int bits, uint64_t block, void* x) {
   const Row r(n, bits, block, true);
-  with_kernel(k, [&](auto blocks) {
-    with_elem(type, [&](auto t) {
-      with_block(block, [&](auto b) {
-        with_bits(bits, [&](auto q) {
-          using T = decltype(t);
-          decode_sum_rows_t<T, decltype(blocks), decltype(b)::value, decltype(q)::value>(
-              payload, parts, rows, r, static_cast<T*>(x));
-        });
-      });
-    });
+  dispatch(k, type, block, bits, [&](auto blocks, auto t, auto b, auto q) {
+    using T = decltype(t);
+    decode_sum_rows_t<T, decltype(blocks), decltype(b)::value, decltype(q)::value>(
+        payload, parts, rows, r, static_cast<T*>(x));
   });
 }
 

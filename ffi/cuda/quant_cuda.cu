@@ -110,12 +110,9 @@ __global__ void decode_sum_kernel(const uint8_t* payload, uint64_t parts, T* x, 
 
 // --- rotated blocks ----------------------------------------------------------------------------
 
-struct WarpTeam {
-  using V = int32_t;
-  using D = double;
+// The 32 lanes of a warp (core's ScalarTeam for the row arithmetic).
+struct WarpTeam : q::ScalarTeam {
   static constexpr int kLanes = 32, kGroup = 32;
-  static JAXHC_HD V add(V a, V b) { return a + b; }
-  static JAXHC_HD V sub(V a, V b) { return a - b; }
   static JAXHC_HD V lane_butterfly(V v, int h) {
 #if defined(__CUDA_ARCH__)
     const V p = __shfl_xor_sync(0xffffffffu, v, h);
@@ -124,9 +121,6 @@ struct WarpTeam {
     return v + h;  // host pass only: never run
 #endif
   }
-  static JAXHC_HD D dzero() { return 0.0; }
-  static JAXHC_HD D square_add(D d, V v) { return d + double(v) * double(v); }  // exact
-  static JAXHC_HD D dadd(D a, D b) { return a + b; }
   static JAXHC_HD double lane_total(D d) {
 #if defined(__CUDA_ARCH__)
     for (int o = 16; o; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);  // exact sums
