@@ -5,12 +5,15 @@ huge values, the fused decode-and-sum, the collectives' fallback and error feedb
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 from scipy.linalg import hadamard
 from scipy.optimize import fsolve
 from scipy.stats import norm
@@ -249,3 +252,10 @@ def test_policy_takes_rotate_entries_and_the_q4_ef_preset():
     assert q.codec_for("data", "grad") == Quant(4, rotate=True) and q.error_feedback("data")
     assert q.codec_for("data", "param") == Quant(8)
     assert q.codec_for("tensor").lossless  # MPC
+
+
+def test_the_preset_in_the_docs_is_the_shipped_one():
+    """docs/codecs.md shows q4_ef's YAML: it loads to the preset."""
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "codecs.md")).read()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    assert Policy.from_dict(yaml.safe_load(block)) == Policy.preset("q4_ef")
