@@ -9,10 +9,15 @@ BIN := $(VENV)/bin
 JAXHC_CUDA ?= $(if $(shell command -v nvcc 2>/dev/null),ON,OFF)
 JAXHC_CUDA_ARCHS ?= $(if $(shell nvidia-smi -L 2>/dev/null),80;90,90)
 NATIVE_SOURCES := CMakeLists.txt pyproject.toml $(wildcard ffi/*/*.h ffi/*/*.cc ffi/*/*.cu)
+# What `make setup` installs: jax (`make gpu-check` asks for jax[cuda13] or jax[cuda12] where a GPU
+# is and no CUDA jax is), and jaxhc with these extras (gpu-check: `testing`, the test runner alone).
+JAX_REQS ?= jax>=0.10.2 jaxlib>=0.10.2
+JAXHC_EXTRAS ?= dev
 PYTEST := $(BIN)/python -m pytest
 XLA_HOST8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: setup setup-mpi native train test test-mpi test-all bench bench-mpi bench-links lint clean
+.PHONY: setup setup-mpi setup-peer native train test test-mpi test-all bench bench-mpi bench-links \
+  bench-peer gpu-check gpu-wheels lint clean
 
 setup: $(VENV)/.native
 
@@ -31,12 +36,12 @@ APT_PACKAGES := build-essential openmpi-bin libopenmpi-dev
 $(VENV)/.deps: pyproject.toml $(VENV)/.system
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "jax>=0.10.2" "jaxlib>=0.10.2"
+	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" $(foreach r,$(JAX_REQS),"$(r)")
 	touch $@
 
 $(VENV)/.native: $(VENV)/.deps $(NATIVE_SOURCES)
 	JAXHC_CUDA=$(JAXHC_CUDA) JAXHC_CUDA_ARCHS="$(JAXHC_CUDA_ARCHS)" \
-	  $(BIN)/python -m pip install -q --no-build-isolation -e ".[dev]"
+	  $(BIN)/python -m pip install -q --no-build-isolation -e ".[$(JAXHC_EXTRAS)]"
 	touch $@
 
 native: $(VENV)/.native
@@ -107,10 +112,14 @@ test-all: setup setup-mpi
 	$(XLA_HOST8) $(PYTEST) -q -m "not mpi"
 	@$(MAKE) --no-print-directory test-mpi
 
-# The default small GPT on the embedded corpus, 8 simulated CPU devices, policy zhybrid.
+# The default small GPT on the embedded corpus, 8 simulated CPU devices, policy zhybrid; then a
+# short sample of what it writes.
 RUN ?= runs/default-$(shell date +%Y%m%d-%H%M%S)
 train: setup
-	$(XLA_HOST8) $(BIN)/jaxhc train --config configs/experiments/default.yaml --out $(RUN)
+	run="$(RUN)" && \
+	  $(XLA_HOST8) $(BIN)/jaxhc train --config configs/experiments/default.yaml --out "$$run" && \
+	  echo "--- a sample from $$run:" && \
+	  $(BIN)/jaxhc generate --run "$$run" --prompt "The " --max-new-tokens 200 --seed 0
 
 bench: setup
 	$(BIN)/python bench/codecs.py --out bench/results/codecs.json
@@ -131,6 +140,49 @@ bench-links:
 	@$(MAKE) --no-print-directory setup setup-mpi
 	flock /tmp/jaxhc-bench.lock $(BIN)/python -m bench.links bench $(if $(QUICK),--quick) \
 	  --out $(OUT) $(ARGS)
+
+# --- The training peer: PyTorch DDP over gloo (pyproject.toml's `peer` extra) -----------------
+# The requirements of an extra, one a line, jaxhc's own extras it names (jaxhc[hf]) expanded.
+EXTRA_REQS = $(BIN)/python -c 'import sys; \
+  exec("try: import tomllib\nexcept ImportError: from pip._vendor import tomli as tomllib"); \
+  x = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; \
+  f = lambda e: [q for r in x[e] for q in (f(r[6:-1]) if r.startswith("jaxhc[") else [r])]; \
+  print("\n".join(f(sys.argv[1])))'
+
+$(VENV)/.peer: pyproject.toml $(VENV)/.native
+	$(EXTRA_REQS) peer | xargs -d '\n' $(BIN)/python -m pip install -q
+	$(BIN)/python -c "import torch, transformers"
+	touch $@
+
+setup-peer: $(VENV)/.peer
+
+# jaxhc beside PyTorch DDP across the shaped links (bench/links; root only): `python -m bench.links
+# peer` trains the DDP hooks (none, fp16, bf16, powersgd) of configs/experiments/links.yaml on the
+# namespace hosts, and jaxhc's policies first in the same run when ARGS names them, e.g.
+#   make bench-peer ARGS="--policies none,zhybrid,qhybrid --hosts 2,4 --steps 30"
+# PEER_OUT: the JSON (.md and .png beside it). Waits for other benchmarks (flock).
+PEER_OUT ?= bench/results/train_links_peer.json
+bench-peer:
+	@$(PYTHON) -m bench.links check >/dev/null
+	@$(MAKE) --no-print-directory setup setup-mpi setup-peer
+	flock /tmp/jaxhc-bench.lock $(BIN)/python -m bench.links peer --out $(PEER_OUT) $(ARGS)
+
+# The GPU path in one command (bench/gpu_check.sh, docs/gpu.md): setup for the GPU here (CUDA
+# module for its architecture alone), the gpu-marked tests, codec GB/s against the device's copy
+# bandwidth, compressed collectives against jax.lax; at most 8 minutes, one JSON in $OUT (a
+# folder, when the environment names one) or bench/results/gpu_check.json. DRY_RUN=1: the same
+# stages on the CPU (setup, the gpu tests collected, the harness with small sizes).
+gpu-check:
+	DRY_RUN=$(DRY_RUN) bash bench/gpu_check.sh
+
+# Wheels for a GPU machine without a package index, into .whl (where `make gpu-check` takes them
+# from): those a CUDA image with jax usually lacks, for its Python (GPU_PY) on x86-64 Linux.
+GPU_PY ?= 3.12
+GPU_WHEELS ?= zfpy==1.0.1.post0
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 lint: setup
 	$(BIN)/ruff check jaxhc tests bench && $(BIN)/ruff format --check jaxhc tests bench

@@ -80,12 +80,14 @@ def command_line() -> str:
 # --- timing ----------------------------------------------------------------------------------
 
 
-def timings(fn, repeats: int, *, warmup: int = 1, before=None) -> dict:
+def timings(fn, repeats: int, *, warmup: int = 1, before=None, calls: int = 1) -> dict:
     """Seconds of `fn()` (which returns what to wait for), after `warmup` calls.
 
-    Returns the best ("s") and the median ("median_s") wall time over `repeats` calls, and the
+    Returns the best ("s") and the median ("median_s") wall time over `repeats` samples, and the
     least process CPU time ("cpu_s", all threads: less sensitive to other jobs on the machine).
-    `before` (e.g. an MPI barrier) runs before each timed call, outside the timing.
+    `before` (e.g. an MPI barrier) runs before each timed sample, outside the timing. A sample is
+    `calls` calls dispatched back to back and waited for once, per call: on an accelerator, where
+    a call takes less than its dispatch, they queue on the device and the dispatch is hidden.
     """
     for _ in range(warmup):
         jax.block_until_ready(fn())
@@ -94,14 +96,17 @@ def timings(fn, repeats: int, *, warmup: int = 1, before=None) -> dict:
         if before is not None:
             before()
         t, c = time.perf_counter(), time.process_time()
+        for _ in range(calls - 1):
+            fn()
         jax.block_until_ready(fn())
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
+        wall.append((time.perf_counter() - t) / calls)
+        cpu.append((time.process_time() - c) / calls)
     return {"s": min(wall), "median_s": statistics.median(wall), "cpu_s": min(cpu)}
 
 
-def time_codec(codec, x: jax.Array, repeats: int) -> dict:
-    """Encode and decode `timings` of a jaxhc codec through the FFI inside `jit`, and its ratio.
+def time_codec(codec, x: jax.Array, repeats: int, *, calls: int = 1) -> dict:
+    """Encode and decode `timings` of a jaxhc codec through the FFI inside `jit` (`calls` per
+    sample), and its ratio.
 
     ratio = raw bytes / bytes the payload really uses (`Encoded.nbytes`: for MPC the compressed
     size of this data, not its static payload size). Checks that decoding gives the input back
@@ -112,7 +117,7 @@ def time_codec(codec, x: jax.Array, repeats: int) -> dict:
     decode = jax.jit(lambda p: codec.decode(p, x.shape, x.dtype))
     enc = jax.block_until_ready(encode(x))
     out = {
-        "encode": timings(lambda: encode(x).payload, repeats),
+        "encode": timings(lambda: encode(x).payload, repeats, calls=calls),
         "decode": None,  # a payload over its budget (ok false) must not be decoded
         "ratio": x.nbytes / int(enc.nbytes),
         "payload_bytes": int(enc.payload.nbytes),
@@ -126,7 +131,7 @@ def time_codec(codec, x: jax.Array, repeats: int) -> dict:
             )
         if codec.lossless and np.asarray(x).tobytes() != np.asarray(y).tobytes():
             raise AssertionError(f"{codec.spec}: the round trip is not bit-exact")
-        out["decode"] = timings(lambda: decode(enc.payload), repeats)
+        out["decode"] = timings(lambda: decode(enc.payload), repeats, calls=calls)
     return out
 
 

@@ -34,6 +34,24 @@ def read_yaml(path):
     return yaml_value(text, str(path), marks=True)
 
 
+def read_json(path, missing: str):
+    """The JSON document in the file `path`; `missing` is the error when there is no such file.
+    An unreadable file or invalid JSON is one ValueError line naming the file."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise ValueError(missing) from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
 def yaml_value(text: str, where: str, marks: bool = False):
     """`text` read as YAML; a syntax error is one ValueError line starting with `where` (with
     the error's line:column when `marks`)."""

@@ -1,7 +1,12 @@
-"""`jaxhc` command line: train, report, sweep, plan and profile.
+"""`jaxhc` command line: train, report, sweep, plan and profile; data, generate, eval, export.
 
+    jaxhc data prepare my_texts/ --out data/mine --tokenizer bpe:8192
     jaxhc train --config configs/experiments/default.yaml --compression zhybrid \
         --mesh data=2,tensor=2,pipe=2 --steps 200 --out runs/zhybrid model.n_layer=4
+    jaxhc train data.path=data/mine --steps 200 --out runs/mine
+    jaxhc generate --run runs/mine --prompt "Once" --max-new-tokens 100
+    jaxhc eval --run runs/mine
+    jaxhc export --run runs/mine --hf exported/mine
     jaxhc report runs/* --out runs/report
     jaxhc sweep configs/experiments/hybrid-sweep.yaml
     jaxhc profile --out local.yaml
@@ -16,8 +21,8 @@ import os
 import sys
 
 from jaxhc._compat import set_cpu_device_count
-from jaxhc.policy import PRESETS
 from jaxhc.train.progress import Progress
+from jaxhc.workflow import commands as workflow
 
 LOG_EVERY_HELP = (
     "when output is not a terminal (redirected, mpirun), print a plain progress line every N "
@@ -48,11 +53,18 @@ def host_devices(cfg, env=None) -> int:
 
 
 def _train_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a GPT on the embedded corpus")
+    from jaxhc.policy import PRESETS
+
+    p = sub.add_parser(
+        "train", help="train a GPT (on the embedded corpus, or a prepared dataset: data.path=DIR)"
+    )
     p.add_argument("--config", help="experiment YAML (default: the built-in small GPT)")
     p.add_argument(
-        "--compression",
-        help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path",
+        "--compression", help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path"
+    )
+    p.add_argument(
+        "--init",
+        help="hf:PATH: start from a local transformers GPT-2 folder (the model follows its config)",
     )
     p.add_argument("--mesh", help="e.g. data=2,tensor=2,pipe=2[,microbatches=2]")
     p.add_argument("--steps", type=int, help="training steps (also the schedule's length)")
@@ -79,6 +91,8 @@ def load_config(args):
         overrides.append(f"compression={args.compression}")
     if args.transport:
         overrides.append(f"transport={args.transport}")
+    if getattr(args, "init", None):
+        overrides.append(f"init={args.init}")
     if args.steps is not None:
         overrides += [f"train.steps={args.steps}", f"optim.total_steps={args.steps}"]
     if args.mesh:
@@ -528,12 +542,13 @@ def main(argv=None) -> int:
     sp.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     _plan_parser(sub)
     _profile_parser(sub)
+    workflow.add_parsers(sub)
     # Overrides may sit between options (argparse stops a "*" positional at the first option).
     args, extra = ap.parse_known_args(argv)
     stray = [
         e
         for e in extra
-        if e.startswith("-") or "=" not in e or args.command in ("report", "plan", "profile")
+        if e.startswith("-") or "=" not in e or args.command not in ("train", "sweep")
     ]
     if stray:
         ap.error(f"unrecognized arguments: {' '.join(stray)}")
@@ -546,6 +561,7 @@ def main(argv=None) -> int:
             "sweep": cmd_sweep,
             "plan": cmd_plan,
             "profile": cmd_profile,
+            **workflow.COMMANDS,
         }
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as e:

@@ -107,3 +107,38 @@ def families(dtype, n: int, seed: int = 0) -> dict[str, np.ndarray]:
             "negzeros": np.full(n, -0.0),
         }
         return {k: v.astype(dtype) for k, v in out.items()}
+
+
+def fma_telling_payloads(blocks: int = 256, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Two zfp:32 float32 payloads (4 * blocks values, 128-bit blocks) that tell a decode-and-sum
+    rounding each decoded value before adding from one fusing the last product into the add (an
+    FMA). Part 0 decodes to values up to 2^128 (block exponent 127), part 1 to integers times 2^98
+    (exponent 128), many beyond the largest float32, so inf. Returns the payloads uint8[2, bytes]
+    and their decoded values added (zfpy's decoder: float32, rounded, then added). A fused sum,
+    part 1's exact products (twice its values at exponent 127) plus part 0 rounded once, is
+    finite in places where that is inf (checked here, so a test with these can fail)."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, 2**63, (2, blocks, 2), dtype=np.uint64)
+
+    def with_exponent(w, e):  # block head: a 1 (nonzero block), then 8 exponent bits
+        w = w.copy()
+        w[:, 0] = (w[:, 0] & ~np.uint64(0x1FF)) | np.uint64(1 | e << 1)
+        return w.reshape(-1).view(np.uint8)
+
+    payloads = np.stack([with_exponent(words[0], 254), with_exponent(words[1], 255)])
+    shape = [4 * blocks]
+    ztype = zfpy.dtype_to_ztype(np.dtype(np.float32))
+
+    def decode(p):
+        return np.asarray(zfpy._decompress(p.tobytes(), ztype, shape, rate=32))
+
+    part0, part1, half = (
+        decode(payloads[0]),
+        decode(payloads[1]),
+        decode(with_exponent(words[1], 254)),
+    )
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = part0 + part1
+        fused = np.where(np.isfinite(half), part0 + 2 * half.astype(np.float64), np.nan)
+        assert (np.isinf(rounded) & np.isfinite(fused.astype(np.float32))).any()
+    return payloads, rounded

@@ -114,3 +114,15 @@ def test_devices_per_process_follow_the_transport():
     assert host_devices(load(str(CONFIG)), slurm) == 4
     with pytest.raises(ValueError, match="mesh size 8 is not a multiple of the 3 processes"):
         host_devices(load(str(CONFIG)), ProcessEnv.from_env({"JAXHC_NUM_PROCESSES": "3"}))
+
+
+def test_compression_help_lists_every_shipped_preset(capsys):
+    """The presets on disk (configs/policy) are the ones `--compression` offers by name."""
+    from jaxhc import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    shipped = sorted(p.stem for p in (ROOT / "configs" / "policy").glob("*.yaml"))
+    listed = help_text.split("policy preset (")[1].split(")")[0].split(", ")
+    assert sorted(listed) == shipped

@@ -22,6 +22,7 @@ from test_model_hlo import collectives_by_branching
 import jaxhc
 from jaxhc.model.config import MeshConfig
 from jaxhc.parallel import init_state, make_mesh, make_train_step
+from jaxhc.parallel.layout import ROW
 from jaxhc.parallel.state import Plan
 
 DEEP = dataclasses.replace(CFG, n_layer=8)  # more layers: the gathered working set matters
@@ -44,8 +45,9 @@ def _compiled(gather, model=DEEP):
 def test_every_chunk_holds_each_layers_own_chunk(data, tensor, pipe):
     """The flat layout, on a tree whose every value is distinct: flatten and unflatten invert
     each other; any run of q whole pieces splits into the shared segment's and each layer's
-    own q-piece chunk (`split`, inverted by `join`); `runs` and `per_element` name every
-    stored element's parameter, padding left out."""
+    own q-piece chunk (`split`, inverted by `join`); `runs` names every stored element's
+    parameter, padding left out, each row of ROW values holds one parameter, and `rows`
+    gives each row its parameter's flag."""
     mesh_cfg = MeshConfig(data, tensor, pipe)
     fl = Plan(CFG, mesh_cfg).layout
     leaves = [
@@ -75,8 +77,16 @@ def test_every_chunk_holds_each_layers_own_chunk(data, tensor, pipe):
         )
         owner[at : at + n] = leaf
     assert (owner < len(fl.shapes)).sum() == fl.size
-    values = np.arange(len(fl.shapes) + 1)
-    np.testing.assert_array_equal(fl.per_element(values, 0, fl.padded), owner)
+    rows = owner.reshape(-1, ROW)  # a row of the layout holds one parameter (and padding)
+    assert all(len(set(r[r < len(fl.shapes)])) <= 1 for r in rows)
+    rng = np.random.default_rng(0)
+    for flags in (rng.random(len(fl.shapes)) < 0.5, fl.decayed, np.ones(len(fl.shapes), bool)):
+        expect = np.append(flags, False)[rows.min(axis=1)]  # padding rows: False
+        for q in {1, data}:
+            for j in range(data // q):
+                lo, n = j * q * fl.chunk, q * fl.chunk
+                got = fl.rows(flags, lo, n)
+                np.testing.assert_array_equal(got, expect[lo // ROW : (lo + n) // ROW])
     assert [r for r in fl.runs(5, fl.padded - 3)] == [
         (max(at, 5), leaf, offset + max(0, 5 - at), min(at + n, fl.padded - 3) - max(at, 5))
         for at, leaf, offset, n in fl.runs(0, fl.padded)

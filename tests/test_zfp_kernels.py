@@ -24,6 +24,7 @@ from tests._zfp_oracle import (
     assert_matches_zfpy,
     bits,
     families,
+    fma_telling_payloads,
     ours_roundtrip,
     zfpy_roundtrip,
 )
@@ -254,6 +255,14 @@ def test_decode_sum_equals_decode_then_sum_in_rank_order(kernel, dtype, parts, x
             got, want = np.asarray(fused(p)), np.asarray(unfused(p))
             assert got.dtype == want.dtype == dtype and got.shape == (m,)
             np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{name} m={m}")
+
+
+def test_decode_sum_rounds_each_value_before_adding(kernel):
+    """Decode-then-add also where a product overflows and a fused multiply-add would not."""
+    codec, n = Zfp(32), 1024
+    payloads, want = fma_telling_payloads(n // 4)
+    got = jax.jit(lambda p: codec.decode_sum(p, n, jnp.float32))(jnp.asarray(payloads))
+    np.testing.assert_array_equal(bits(np.asarray(got)), bits(want))
 
 
 def test_decode_sum_on_threads_and_under_vmap(kernel):

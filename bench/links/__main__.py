@@ -6,20 +6,25 @@
     python -m bench.links run --distributed --hosts 2 -- COMMAND ...
     python -m bench.links train [--hosts 2,4] [--rate 1gbit] [--policies none,zhybrid] [...]
     python -m bench.links train --transport xla ...
+    python -m bench.links train --policies none,zhybrid --peer none,fp16,bf16,powersgd ...
+    python -m bench.links peer [--hosts 2,4] [--rate 1gbit,unshaped] [--hooks none,fp16] [...]
     python -m bench.links probe --hosts 2 --rates 100mbit,1gbit,unshaped
     python -m bench.links report bench/results/links.json
     python -m bench.links clean [--all]
     python -m bench.links check
 
 `bench` runs bench/collectives.py --transport mpi across the hosts for each P and rate; `train`
-runs `jaxhc train --transport mpi` across them per policy (bench/links/train.py); `run`
-runs any command under mpirun (one rank per host). With `--transport xla` (`run --distributed`)
-there is no mpirun: one process per host forms a jax.distributed job (coordinator on host 0's
-address, gloo on each host's own: the JAXHC_* variables of `Cluster.distributed_env`); when one
-fails, the others get 60 s to end by themselves, and the error names the host that failed first.
-`probe` measures one TCP stream from host 0 to
-host 1 at each rate; `report` redoes a sweep's markdown and PNG; `clean` deletes the namespaces of
-runs that were killed (--all: of every run); `check` says whether clusters can be made here.
+runs `jaxhc train --transport mpi` across them per policy (bench/links/train.py), and with
+`--peer` PyTorch DDP over gloo per communication hook after them, on the same cluster (the
+`peer` extra); `peer` runs the DDP hooks alone (and jaxhc's policies too when `--policies` names
+some); `run` runs any command under mpirun (one rank per host). With `--transport xla`
+(`run --distributed`) there is no mpirun: one process per host forms a jax.distributed job
+(coordinator on host 0's address, gloo on each host's own: the JAXHC_* variables of
+`Cluster.distributed_env`); when one fails, the others get 60 s to end by themselves, and the
+error names the host that failed first. `probe` measures one TCP stream from host 0 to host 1 at
+each rate; `report` redoes a sweep's or a training run's markdown and PNG; `clean` deletes the
+namespaces of runs that were killed (--all: of every run); `check` says whether clusters can be
+made here.
 
 A run ends with its cluster deleted, also on an error, Ctrl-C, SIGTERM or SIGHUP (SIGKILL cannot
 be caught: the next run, or `clean`, deletes what it left). Without root, or where namespaces
@@ -47,6 +52,9 @@ def main(argv=None) -> int:
 
     sweep.add_arguments(sub.add_parser("bench", help="the collective benchmark across the links"))
     train.add_arguments(sub.add_parser("train", help="jaxhc train per policy across the links"))
+    train.add_arguments(
+        sub.add_parser("peer", help="PyTorch DDP per hook across the links"), peer_only=True
+    )
     r = sub.add_parser("run", help="run a command under mpirun across a cluster")
     r.add_argument("--hosts", type=int, default=2)
     r.add_argument("--rate", default="1gbit", help="100mbit, 1gbit, ... or unshaped")
@@ -61,7 +69,7 @@ def main(argv=None) -> int:
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--rates", default="100mbit,1gbit,unshaped")
     p.add_argument("--bytes-mb", type=int, default=64)
-    rep = sub.add_parser("report", help="redo the markdown and PNG of a links JSON")
+    rep = sub.add_parser("report", help="redo the markdown and PNG of a links or training JSON")
     rep.add_argument("json")
     cmp = sub.add_parser("compare", help="markdown: median ms of the cells two links JSONs share")
     cmp.add_argument("before")
@@ -84,6 +92,8 @@ def main(argv=None) -> int:
             return 0
         if args.cmd == "bench":
             sweep.resolve(args)  # bad options fail before anything is made
+        if args.cmd in ("train", "peer"):
+            train.resolve(args)
         if args.cmd == "run":
             command = args.command[1:] if args.command[:1] == ["--"] else args.command
             if not command:
@@ -99,7 +109,7 @@ def main(argv=None) -> int:
             print(f"removed {len(gone)} namespaces" + (f": {' '.join(gone)}" if gone else ""))
         elif args.cmd == "bench":
             sweep.run(args)
-        elif args.cmd == "train":
+        elif args.cmd in ("train", "peer"):
             train.run(args)
         elif args.cmd == "run":
             with Cluster(args.hosts, args.rate) as cluster:

@@ -1,6 +1,7 @@
 """The links benchmark's outputs: JSON (with the command and machine), a markdown table, a PNG.
 
 python -m bench.links report bench/results/links_baseline.json   # redo the .md and .png
+python -m bench.links report bench/results/train_links.json      # (training's: train_report.py)
 python -m bench.links compare before.json after.json              # before / after, per cell
 """
 
@@ -190,9 +191,16 @@ def write(out: str, doc: dict) -> None:
 
 
 def rewrite(path: str) -> None:
-    """Redo the .md and .png beside a links JSON from its numbers."""
+    """Redo the .md and .png beside a links JSON (the collectives', or training's: then
+    bench/links/train_report.py) from its numbers."""
     with open(path) as f:
-        _markdown_and_plot(path, json.load(f))
+        doc = json.load(f)
+    if "results" not in doc and "runs" in doc:
+        from . import train_report
+
+        train_report.rewrite(path)
+        return
+    _markdown_and_plot(path, doc)
 
 
 def _markdown_and_plot(path: str, doc: dict) -> None:

@@ -1,15 +1,19 @@
-"""Training across shaped links: `jaxhc train` per policy, one rank per host: under mpirun
-(`--transport mpi`) or as one process per host of a jax.distributed job (`--transport xla`).
+"""Training across shaped links: `jaxhc train` per policy, and PyTorch DDP per hook beside it,
+one rank per host: jaxhc under mpirun (`--transport mpi`) or as one process per host of a
+jax.distributed job (`--transport xla`); DDP over gloo as one process per host
+(bench/links/peer.py).
 
-For each P (hosts) one cluster at one link rate; for each policy the same experiment (seed, data,
-steps) trains with data = P, and its metrics.jsonl gives the step times (the median after the
-first steps, which compile), tokens/s, the validation loss and the bytes per step on the wire.
-The runs are merged into one JSON (rewritten after every run), a markdown table and a PNG.
+For each P (hosts) one cluster; for each link rate (the live cluster reshaped) each policy and then
+each peer hook trains the same experiment (seed, data, steps, optimizer) with data = P, back to
+back; its metrics.jsonl gives the step times (the median after the first steps, which compile),
+tokens/s, the validation loss and the bytes per step on the wire. The runs are merged into one JSON
+(rewritten after every run), a markdown table and a PNG (bench/links/train_report.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -17,28 +21,69 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .cluster import Cluster
+from . import peer
+from .cluster import PREFIX, Cluster
+from .rates import rate_label
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = "none,zfp8,zfp16,mpc,mzhybrid,zhybrid"
 SKIP_STEPS = 3  # the first steps compile (and warm the caches): left out of the timing
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
+def add_arguments(ap: argparse.ArgumentParser, *, peer_only: bool = False) -> None:
+    """The options of `train` (jaxhc's policies, `--peer` adds DDP hooks) and of `peer` (DDP's
+    hooks alone unless `--policies` adds jaxhc's)."""
     ap.add_argument("--config", default="configs/experiments/links.yaml")
     ap.add_argument("--hosts", default="2,4", help="P values (data = P, one rank per host)")
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--policies", default=POLICIES)
+    ap.add_argument(
+        "--rate", "--rates", dest="rate", default="1gbit",
+        help="link rates, back to back on each cluster: 100mbit, 1gbit, ... or unshaped",
+    )  # fmt: skip
+    ap.add_argument(
+        "--policies", default="" if peer_only else POLICIES,
+        help="jaxhc compression policies" + ("" if peer_only else f" (default {POLICIES})"),
+    )  # fmt: skip
+    hooks = ",".join(peer.HOOKS)
+    ap.add_argument(
+        "--peer", "--hooks", dest="peer", metavar="HOOKS", default=hooks if peer_only else "",
+        help=f"PyTorch DDP hooks to train after the policies ({hooks}; "
+        + (f"default {hooks})" if peer_only else "default: no peer)"),
+    )  # fmt: skip
+    ap.add_argument(
+        "--peer-threads", type=int,
+        help="torch threads per DDP rank (default: the cores a rank may run on, as jaxhc's)",
+    )  # fmt: skip
     ap.add_argument("--steps", type=int, help="override train.steps")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     ap.add_argument(
         "--transport", choices=("mpi", "xla"), default="mpi",
-        help="mpi: mpirun across the hosts; xla: one process per host under jax.distributed",
+        help="jaxhc's: mpirun across the hosts, or one process per host under jax.distributed",
     )  # fmt: skip
-    ap.add_argument(
-        "--out", help="default bench/results/train_links.json (train_links_xla.json for xla)"
-    )
+    default = "train_links_peer.json" if peer_only else "train_links.json (_xla.json for xla)"
+    ap.add_argument("--out", help=f"JSON (.md, .png beside); default bench/results/{default}")
+    ap.set_defaults(peer_only=peer_only)
     ap.add_argument("overrides", nargs="*", help="dotted config overrides (model.n_layer=2 ...)")
+
+
+def resolve(args: argparse.Namespace) -> dict:
+    """The run's hosts, rates, policies and hooks; a bad value is a ValueError (one line)."""
+    hosts = []
+    for h in str(args.hosts).split(","):
+        if not h.strip().isdigit() or int(h) < 2:
+            raise ValueError(f"--hosts {args.hosts!r}: expected whole numbers >= 2")
+        hosts.append(int(h))
+    rates = [rate_label(r) for r in str(args.rate).split(",")]
+    policies = [p.strip() for p in str(args.policies).split(",") if p.strip()]
+    hooks = peer.parse_hooks(args.peer)
+    if not policies and not hooks:
+        raise ValueError("nothing to train: give --policies and/or --peer")
+    if args.steps is not None and args.steps <= SKIP_STEPS:
+        raise ValueError(f"--steps {args.steps}: expected more than the {SKIP_STEPS} untimed ones")
+    if args.peer_threads is not None and args.peer_threads < 1:
+        raise ValueError(f"--peer-threads {args.peer_threads}: expected a whole number >= 1")
+    if hooks and importlib.util.find_spec("torch") is None:
+        raise ValueError("--peer needs PyTorch: make setup-peer (pip install -e '.[peer]')")
+    return {"hosts": hosts, "rates": rates, "policies": policies, "hooks": hooks}
 
 
 def summarize(records: list[dict]) -> dict:
@@ -60,98 +105,97 @@ def summarize(records: list[dict]) -> dict:
 
 
 def run(args) -> dict:
+    from .. import _common  # jax: the machine's facts
+    from . import train_report  # matplotlib
+
+    plan = resolve(args)
     xla = args.transport == "xla"
-    out = Path(args.out or f"bench/results/train_links{'_xla' if xla else ''}.json")
-    result = {"command": " ".join([sys.executable, "-m", "bench.links", "train", *sys.argv[2:]])}
+    default = "train_links_peer" if args.peer_only else f"train_links{'_xla' if xla else ''}"
+    out = Path(args.out or f"bench/results/{default}.json")
+    sub = "peer" if args.peer_only else "train"
+    result = {"command": " ".join([sys.executable, "-m", "bench.links", sub, *sys.argv[2:]])}
     result.update(
-        config=args.config, rate=args.rate, transport=args.transport, overrides=args.overrides,
-        skip_steps=SKIP_STEPS, runs=[],
+        config=args.config, rate=",".join(plan["rates"]), rates=plan["rates"],
+        transport=args.transport, overrides=args.overrides, skip_steps=SKIP_STEPS,
+        policies=plan["policies"], peer_hooks=plan["hooks"], runs=[],
     )  # fmt: skip
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1"}
-    jaxhc = str(Path(sys.executable).parent / "jaxhc")
-    with tempfile.TemporaryDirectory(prefix="jaxhc-train-links-") as tmp:
-        for hosts in (int(h) for h in args.hosts.split(",")):
-            with Cluster(hosts, args.rate) as cluster:
-                for policy in args.policies.split(","):
-                    run_dir = os.path.join(tmp, f"p{hosts}-{policy}")
-                    cmd = [jaxhc, "train", "--transport", args.transport, "--config", args.config]
-                    cmd += ["--compression", policy, "--mesh", f"data={hosts},tensor=1,pipe=1"]
-                    cmd += ["--out", run_dir, "--no-progress"]
-                    if args.steps:
-                        cmd += ["--steps", str(args.steps)]
-                    print(f"P={hosts} {args.rate} {policy}: training ...", flush=True)
-                    load_at_start = os.getloadavg()  # this machine is shared: say how busy
-                    if xla:  # one process per host, one device each, jax.distributed
-                        cluster.run_distributed(
-                            cmd + list(args.overrides), timeout=args.timeout, env=env
-                        )
-                    else:
-                        cluster.run(cmd + list(args.overrides), timeout=args.timeout, env=env)
-                    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-                        records = [json.loads(line) for line in f]
-                    summary = {"hosts": hosts, "policy": policy, **summarize(records)}
-                    summary["load_average_at_start"] = load_at_start
-                    summary["load_average_at_end"] = os.getloadavg()
-                    result["runs"].append(summary)
-                    print(_line(summary), flush=True)
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_text(json.dumps(result, indent=1) + "\n")
-    result["markdown"] = markdown(result)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(result["markdown"])
-    plot(result, out.with_suffix(".png"))
+    if plan["hooks"]:
+        result["peer"] = {
+            "system": "PyTorch DistributedDataParallel over gloo, transformers GPT2LMHeadModel",
+            "threads": args.peer_threads or peer.threads(),
+            "threads_note": "set by --peer-threads" if args.peer_threads else peer.THREADS_NOTE,
+            "wire_bytes": peer.WIRE_NOTE,
+            "powersgd": peer.POWERSGD,
+        }
+    # Named as the cluster's files are, so that remove_leftovers() keeps it while this run lives.
+    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-train-") as tmp:
+        for hosts in plan["hosts"]:
+            with Cluster(hosts, plan["rates"][0]) as cluster:
+                for rate in plan["rates"]:
+                    cluster.set_rate(rate)
+                    for policy in plan["policies"]:
+                        row = _jaxhc(cluster, policy, args, os.path.join(tmp, f"p{hosts}-{rate}"))
+                        _add(result, row, out)
+                    for hook in plan["hooks"]:
+                        run_dir = os.path.join(tmp, f"p{hosts}-{rate}-ddp-{hook}")
+                        row = _peer(cluster, hook, args, run_dir)
+                        _add(result, row, out)
+    result["machine"] = _common.machine()
+    train_report.write(str(out), result)
     return result
 
 
+def _jaxhc(cluster: Cluster, policy: str, args, prefix: str) -> dict:
+    run_dir = f"{prefix}-{policy}"
+    cmd = [str(Path(sys.executable).parent / "jaxhc"), "train", "--transport", args.transport]
+    cmd += ["--config", args.config, "--compression", policy]
+    cmd += ["--mesh", f"data={cluster.hosts},tensor=1,pipe=1", "--out", run_dir, "--no-progress"]
+    if args.steps:
+        cmd += ["--steps", str(args.steps)]
+    cmd += list(args.overrides)
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1"}
+    print(f"P={cluster.hosts} {cluster.rate} jaxhc {policy}: training ...", flush=True)
+    load_at_start = os.getloadavg()  # this machine is shared: say how busy
+    if args.transport == "xla":  # one process per host, one device each, jax.distributed
+        cluster.run_distributed(cmd, timeout=args.timeout, env=env)
+    else:
+        cluster.run(cmd, timeout=args.timeout, env=env)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    row = {"system": "jaxhc", "policy": policy, "label": f"jaxhc {policy}", **summarize(records)}
+    return {**_where(cluster), **row, "load_average_at_start": load_at_start}
+
+
+def _peer(cluster: Cluster, hook: str, args, run_dir: str) -> dict:
+    print(f"P={cluster.hosts} {cluster.rate} PyTorch DDP {hook}: training ...", flush=True)
+    load_at_start = os.getloadavg()
+    got = peer.run_hook(
+        cluster, hook, config=args.config, overrides=args.overrides, steps=args.steps,
+        run_dir=run_dir, timeout=args.timeout, summarize=summarize,
+        torch_threads=args.peer_threads,
+    )  # fmt: skip
+    row = {"system": "pytorch-ddp", "hook": hook, "label": f"DDP {hook}", **got}
+    return {**_where(cluster), **row, "load_average_at_start": load_at_start}
+
+
+def _where(cluster: Cluster) -> dict:
+    return {"hosts": cluster.hosts, "rate": cluster.rate}
+
+
+def _add(result: dict, row: dict, out: Path) -> None:
+    row["load_average_at_end"] = os.getloadavg()
+    result["runs"].append(row)
+    print(_line(row), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+
 def _line(s: dict) -> str:
+    head = f"  P={s['hosts']} {s['rate']} {s['label']:13s}"
+    if "failed" in s:
+        return f"{head} failed: {s['failed']}"
     wire = sum(s["wire_bytes_per_step"].values()) / 1e6
     return (
-        f"  P={s['hosts']} {s['policy']:9s} {s['median_step_s']:.3f} s/step "
-        f"{s['tokens_per_s']:.0f} tok/s val {s['val_loss']} wire {wire:.1f} MB/step"
+        f"{head} {s['median_step_s']:.3f} s/step {s['tokens_per_s']:.0f} tok/s "
+        f"val {s['val_loss']} wire {wire:.1f} MB/step"
     )
-
-
-def markdown(result: dict) -> str:
-    lines = [
-        "| P | policy | s/step (median) | tokens/s | vs none | val loss | vs none | wire MB/step |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["runs"]:
-        base = next(
-            (b for b in result["runs"] if b["hosts"] == r["hosts"] and b["policy"] == "none"), None
-        )
-        speed = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "n/a"
-        gap = "n/a"
-        if base and base["val_loss"] and r["val_loss"]:
-            gap = f"{100 * (r['val_loss'] / base['val_loss'] - 1):+.2f} %"
-        wire = sum(r["wire_bytes_per_step"].values()) / 1e6
-        lines.append(
-            f"| {r['hosts']} | {r['policy']} | {r['median_step_s']:.3f} | "
-            f"{r['tokens_per_s']:.0f} | {speed} | {r['val_loss']:.4f} | {gap} | {wire:.1f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    hosts = sorted({r["hosts"] for r in result["runs"]})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.8 / max(1, len(hosts))
-    for i, h in enumerate(hosts):
-        runs = [r for r in result["runs"] if r["hosts"] == h]
-        xs = [j + i * width for j in range(len(runs))]
-        axes[0].bar(xs, [r["tokens_per_s"] for r in runs], width, label=f"P = {h}")
-        axes[1].bar(xs, [r["val_loss"] for r in runs], width, label=f"P = {h}")
-        labels = [r["policy"] for r in runs]
-    for ax, title in zip(axes, ("tokens/s", "validation loss"), strict=True):
-        ax.set_xticks([j + width * (len(hosts) - 1) / 2 for j in range(len(labels))], labels)
-        ax.set_title(f"{title} ({result['rate']} links)")
-        ax.legend()
-    lo = min(r["val_loss"] for r in result["runs"])
-    axes[1].set_ylim(lo * 0.95, None)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)

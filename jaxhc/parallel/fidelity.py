@@ -24,7 +24,7 @@ from jax import lax
 import jaxhc
 from jaxhc import accounting
 from jaxhc.parallel import zero
-from jaxhc.parallel.layout import FlatLayout
+from jaxhc.parallel.layout import FlatLayout, per_value
 
 METRICS = ("grad_rel_err", "grad_cos")
 
@@ -38,9 +38,11 @@ def compare(g: jax.Array, exact: jax.Array, layout: FlatLayout, start=None, shar
     """grad_rel_err and grad_cos of every rank's finest chunk `g` (which starts at `start`;
     default: the ZeRO chunk of its data rank) against `exact` (per shard); `shard`: the plan of
     `jaxhc.parallel.amsp` whose data axes the sums run over (default: "data")."""
-    owned = layout.owned(jaxhc.axis_index("tensor"), jaxhc.axis_index("pipe"))
     start = zero.chunk_start(layout) if start is None else start
-    mine = layout.per_element(owned, start, layout.chunk)
+    owned = layout.owned_rows(
+        jaxhc.axis_index("tensor"), jaxhc.axis_index("pipe"), start, layout.chunk
+    )
+    mine = per_value(owned)
     g, exact = (jnp.where(mine, v, 0.0).astype(jnp.float32) for v in (g, exact))
     sums = jnp.stack(
         [

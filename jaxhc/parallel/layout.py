@@ -49,6 +49,11 @@ PAIRED = ("wte", "ln_f")
 # go through spans the shared parameters and a layer's (the end stages' copies of the shared
 # parameters then get the same bits; a stage's layers differ from the other end stage's).
 ALIGN = 256
+# In a segment every parameter's values (a block parameter's: each layer's slice) start on a row
+# of ROW values, zeros filling its last row: every row belongs to one parameter, so what is fixed
+# per parameter is fixed per row (`FlatLayout.rows`), and sums per row fuse into one pass.
+# (Rows of ALIGN would keep the quantizers' blocks apart too, at up to 255 zeros per parameter.)
+ROW = 64
 # Leaves that AdamW decays: matrices and embeddings, not biases or LayerNorm parameters.
 DECAYED = ("kernel", "wte", "wpe")
 
@@ -88,22 +93,32 @@ def local_shape(shape, spec: P, mesh_cfg: MeshConfig) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _round_up(n: int, q: int) -> int:
+    return -(-n // q) * q
+
+
+def per_value(rows: jax.Array) -> jax.Array:
+    """A per-row mask (`FlatLayout.rows`) as one value per stored element."""
+    return jnp.broadcast_to(rows[:, None], (rows.shape[0], ROW)).reshape(-1)
+
+
 class FlatLayout:
     """A rank's local parameters as one float32 vector that splits evenly over "data", laid out
     so that every data chunk holds a slice of every transformer layer.
 
     The vector is made of *segments*: the shared parameters (``wte``, ``wpe``, ``ln_f``, in tree
-    order) and then each local layer's slice of the ``blocks`` leaves (in tree order), every
-    segment padded to ``data`` equal pieces of whole codec blocks (`ALIGN`). The vector is stored
-    *piece-major*: piece k of the shared segment, then piece k of layer 0, 1, ..., then piece
-    k + 1 of each. Any chunk a reduce-scatter over the data (sub-)axes leaves a rank (a run of q
-    whole pieces) is then, for each segment, that segment's own chunk: a layer's part of a chunk
-    is a reshape and a slice (`split`), so a layer's parameters can be gathered on their own
-    (`jaxhc.parallel.zero.gather_layers`), with the same bits as gathering the whole vector.
+    order) and then each local layer's slice of the ``blocks`` leaves (in tree order). In a
+    segment each parameter starts on a row of `ROW` values (zeros pad its last row), and the
+    segment is padded to ``data`` equal pieces of whole codec blocks (`ALIGN`). The vector is
+    stored *piece-major*: piece k of the shared segment, then piece k of layer 0, 1, ..., then
+    piece k + 1 of each. Any chunk a reduce-scatter over the data (sub-)axes leaves a rank (a run
+    of q whole pieces) is then, for each segment, that segment's own chunk: a layer's part of a
+    chunk is a reshape and a slice (`split`), so a layer's parameters can be gathered on their own
+    (`jaxhc.parallel.zero.layer_fetch`), with the same bits as gathering the whole vector.
 
     Each rank flattens the same local shapes in the same order, so element i of every rank's
     vector belongs to the same parameter. Per-parameter facts (decayed, split over which axes)
-    become per-element values with `per_element`.
+    become per-row masks with `rows`.
     """
 
     def __init__(self, global_shapes, mesh_cfg: MeshConfig):
@@ -126,54 +141,83 @@ class FlatLayout:
         self.shared_leaves = [i for i, b in enumerate(block) if not b]
         self.block_leaves = [i for i, b in enumerate(block) if b]
         self.layers = self.shapes[self.block_leaves[0]][0]  # local layers (this stage's)
-        # Per segment: the leaves' sizes in it (a block leaf: one layer's slice), their ends.
-        self.shared_ends = np.cumsum([self.sizes[i] for i in self.shared_leaves])
-        self.layer_ends = np.cumsum([self.sizes[i] // self.layers for i in self.block_leaves])
+        # Per segment: the values of each of its leaves (a block leaf: one layer's slice), and
+        # where they start (a multiple of ROW).
+        self.shared_sizes = [self.sizes[i] for i in self.shared_leaves]
+        self.layer_sizes = [self.sizes[i] // self.layers for i in self.block_leaves]
+        self.shared_starts = self._starts(self.shared_sizes)
+        self.layer_starts = self._starts(self.layer_sizes)
         quantum = ALIGN * mesh_cfg.data  # pieces of whole codec blocks (see ALIGN)
-        self.shared_padded = -(-int(self.shared_ends[-1]) // quantum) * quantum
-        self.layer_values = int(self.layer_ends[-1])  # a layer's values, unpadded
-        self.layer_padded = -(-self.layer_values // quantum) * quantum
+        shared_values = self.shared_starts[-1] + _round_up(self.shared_sizes[-1], ROW)
+        self.shared_padded = _round_up(shared_values, quantum)
+        self.layer_values = sum(self.layer_sizes)  # a layer's values, unpadded
+        layer_rows = self.layer_starts[-1] + _round_up(self.layer_sizes[-1], ROW)
+        self.layer_padded = _round_up(layer_rows, quantum)
         # The width of a piece (one per data rank): its shared part, then each layer's part.
         self.shared_width = self.shared_padded // mesh_cfg.data
         self.layer_width = self.layer_padded // mesh_cfg.data
         self.chunk = self.shared_width + self.layers * self.layer_width
         self.padded = self.chunk * mesh_cfg.data
 
+    @staticmethod
+    def _starts(sizes) -> list[int]:
+        return [int(x) for x in np.cumsum([0, *(_round_up(n, ROW) for n in sizes[:-1])])]
+
     # --- segments ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _rows(flats, starts, total: int, axis: int):
+        """`flats` (flattened along `axis`) placed at `starts` of a zero vector of `total`."""
+        parts, at = [], 0
+        for x, s in zip(flats, starts, strict=True):
+            if s > at:
+                parts.append(jnp.zeros((*x.shape[:axis], s - at), jnp.float32))
+            parts.append(x.astype(jnp.float32))
+            at = s + x.shape[axis]
+        if total > at:
+            parts.append(jnp.zeros((*flats[0].shape[:axis], total - at), jnp.float32))
+        return jnp.concatenate(parts, axis=axis)
 
     def shared_flat(self, tree) -> jax.Array:
         """The padded shared segment of a parameter tree (its ``blocks`` are not read)."""
         leaves = self.shared_treedef.flatten_up_to({k: v for k, v in tree.items() if k != "blocks"})
-        flat = jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves])
-        return jnp.pad(flat, (0, self.shared_padded - flat.shape[0]))
+        flats = [x.reshape(-1) for x in leaves]
+        return self._rows(flats, self.shared_starts, self.shared_padded, 0)
 
     def shared_tree(self, seg: jax.Array) -> dict:
         """The shared parameters ({"wte", "wpe", "ln_f"}) of a padded shared segment."""
-        starts = [0, *self.shared_ends[:-1]]
         leaves = [
-            seg[s:e].reshape(self.shapes[i])
-            for i, s, e in zip(self.shared_leaves, starts, self.shared_ends, strict=True)
+            seg[s : s + n].reshape(self.shapes[i])
+            for i, s, n in zip(
+                self.shared_leaves, self.shared_starts, self.shared_sizes, strict=True
+            )
         ]
         return self.shared_treedef.unflatten(leaves)
 
     def layer_flat(self, blocks, pad: bool = True) -> jax.Array:
         """The padded segments of stacked ``blocks`` (leading layer axis): (layers, padded);
-        `pad` False: without the padding, (layers, `layer_values`)."""
-        leaves = self.blocks_treedef.flatten_up_to(blocks)
-        n = leaves[0].shape[0]
-        flat = jnp.concatenate([x.reshape(n, -1).astype(jnp.float32) for x in leaves], axis=1)
+        `pad` False: the layers' values without any padding, (layers, `layer_values`)."""
+        leaves = [x.reshape(x.shape[0], -1) for x in self.blocks_treedef.flatten_up_to(blocks)]
         if not pad:
-            return flat
-        return jnp.pad(flat, ((0, 0), (0, self.layer_padded - flat.shape[1])))
+            return jnp.concatenate([x.astype(jnp.float32) for x in leaves], axis=1)
+        return self._rows(leaves, self.layer_starts, self.layer_padded, 1)
+
+    def pad_layers(self, values: jax.Array) -> jax.Array:
+        """Layers' unpadded values (layers, `layer_values`) as their padded segments."""
+        out = jnp.zeros((values.shape[0], self.layer_padded), jnp.float32)
+        at = 0
+        for s, n in zip(self.layer_starts, self.layer_sizes, strict=True):
+            out = out.at[:, s : s + n].set(values[:, at : at + n])  # in place, slice fused
+            at += n
+        return out
 
     def layer_tree(self, segs: jax.Array) -> dict:
         """``blocks`` (stacked) from padded layer segments (..., padded): the inverse of
         `layer_flat`; a single segment gives one layer's parameters."""
         lead = segs.shape[:-1]
-        starts = [0, *self.layer_ends[:-1]]
         leaves = [
-            segs[..., s:e].reshape(*lead, *self.shapes[i][1:])
-            for i, s, e in zip(self.block_leaves, starts, self.layer_ends, strict=True)
+            segs[..., s : s + n].reshape(*lead, *self.shapes[i][1:])
+            for i, s, n in zip(self.block_leaves, self.layer_starts, self.layer_sizes, strict=True)
         ]
         return self.blocks_treedef.unflatten(leaves)
 
@@ -202,55 +246,69 @@ class FlatLayout:
         shared, layers = self.split(vec)
         return {**self.shared_tree(shared), "blocks": self.layer_tree(layers)}
 
-    def per_element(self, values, start, size: int) -> jax.Array:
-        """values[leaf of element i] for i in [start, start + size); padding gets values[-1].
+    def rows(self, flags, start, size: int) -> jax.Array:
+        """flags[parameter of row r] for the rows of `ROW` stored values in [start, start + size),
+        a run of whole pieces (`start` may be traced): (size // ROW,) bool; the rows
+        of a segment's padding give False.
 
-        `values` has one entry per parameter plus one for the padding.
+        `flags` has one static bool per parameter. In a segment's piece a parameter's rows are a
+        range whose ends depend on the piece only: the mask is a few comparisons of row numbers
+        with static bounds, nothing searched or gathered, and no per-value work at all.
         """
-        idx = start + jnp.arange(size)
-        piece, at = idx // self.chunk, idx % self.chunk
-        pad = len(self.shapes)
-        shared = jnp.searchsorted(
-            jnp.asarray(self.shared_ends), piece * self.shared_width + at, side="right"
+        flags = np.asarray(flags, bool)
+        q = size // self.chunk
+        piece = start // self.chunk + jnp.arange(q, dtype=jnp.int32)[:, None]
+
+        def segment(leaves, starts, sizes, width):
+            runs = []  # flagged parameters' rows [first, end) in the segment, adjacent ones merged
+            for leaf, s, n in zip(leaves, starts, sizes, strict=True):
+                first, end = s // ROW, -(-(s + n) // ROW)
+                if not flags[leaf]:
+                    continue
+                if runs and runs[-1][1] == first:
+                    runs[-1][1] = end
+                else:
+                    runs.append([first, end])
+            per = width // ROW
+            at = piece * per + jnp.arange(per, dtype=jnp.int32)  # rows of the segment
+            out = jnp.zeros(at.shape, bool)
+            for first, end in runs:
+                out = out | ((at >= first) & (at < end))
+            return out  # (q, width // ROW)
+
+        shared = segment(
+            self.shared_leaves, self.shared_starts, self.shared_sizes, self.shared_width
         )
-        rest = jnp.maximum(at - self.shared_width, 0) % self.layer_width
-        layer = jnp.searchsorted(
-            jnp.asarray(self.layer_ends), piece * self.layer_width + rest, side="right"
-        )
-        shared = jnp.asarray([*self.shared_leaves, pad])[shared]
-        layer = jnp.asarray([*self.block_leaves, pad])[layer]
-        return jnp.asarray(values)[jnp.where(at < self.shared_width, shared, layer)]
+        layer = segment(self.block_leaves, self.layer_starts, self.layer_sizes, self.layer_width)
+        layers = jnp.broadcast_to(layer[:, None, :], (q, self.layers, layer.shape[1]))
+        return jnp.concatenate([shared, layers.reshape(q, -1)], axis=1).reshape(-1)
+
+    def owned_rows(self, tensor_rank, pipe_rank, start, size: int) -> jax.Array:
+        """Per row of [start, start + size) (see `rows`): whether this rank counts it in the
+        global gradient norm. A parameter replicated over an axis is counted on that axis'
+        rank 0 only; a segment's padding rows never are."""
+        over = [[axis in axes for axes in self.split_over] for axis in ("tensor", "pipe")]
+        present = self.rows(np.ones(len(self.shapes), bool), start, size)
+        tensor = self.rows(over[0], start, size) | (tensor_rank == 0)
+        pipe = self.rows(over[1], start, size) | (pipe_rank == 0)
+        return present & tensor & pipe
 
     def runs(self, lo: int, hi: int):
         """The stored elements [lo, hi) as runs of one parameter each, padding left out:
         (position, leaf, offset in the leaf's local flattened values, length). On the host."""
-        ends = [self.shared_ends, *([self.layer_ends] * self.layers)]
-        leaves = [self.shared_leaves, *([self.block_leaves] * self.layers)]
-        widths = [self.shared_width, *([self.layer_width] * self.layers)]
+        segments = [
+            (self.shared_leaves, self.shared_starts, self.shared_sizes, self.shared_width),
+            *[(self.block_leaves, self.layer_starts, self.layer_sizes, self.layer_width)]
+            * self.layers,
+        ]
         for piece in range(lo // self.chunk, -(-hi // self.chunk)):
             at = piece * self.chunk
-            for seg, (seg_ends, seg_leaves, w) in enumerate(zip(ends, leaves, widths, strict=True)):
+            for seg, (seg_leaves, starts, sizes, w) in enumerate(segments):
                 a, b = max(lo, at), min(hi, at + w)  # stored positions of this segment's piece
                 e0 = piece * w + a - at  # their element offsets in the segment
-                starts = [0, *seg_ends[:-1]]
-                for leaf, s, e in zip(seg_leaves, starts, seg_ends, strict=True):
-                    x, y = max(e0, int(s)), min(e0 + b - a, int(e))
+                for leaf, s, n in zip(seg_leaves, starts, sizes, strict=True):
+                    x, y = max(e0, s), min(e0 + b - a, s + n)
                     if x < y:
-                        base = (seg - 1) * (int(e) - int(s)) if seg else 0  # the layer's slice
-                        yield a + x - e0, leaf, base + x - int(s), y - x
+                        base = (seg - 1) * n if seg else 0  # the layer's slice
+                        yield a + x - e0, leaf, base + x - s, y - x
                 at += w
-
-    def owned(self, tensor_rank, pipe_rank) -> jax.Array:
-        """Per parameter (plus padding): whether this rank counts it in the global gradient norm.
-
-        A parameter replicated over an axis is counted on that axis' rank 0 only.
-        """
-        flags = []
-        for axes in self.split_over:
-            mine = jnp.asarray(True)
-            if "tensor" not in axes:
-                mine = mine & (tensor_rank == 0)
-            if "pipe" not in axes:
-                mine = mine & (pipe_rank == 0)
-            flags.append(mine)
-        return jnp.stack([*flags, jnp.asarray(False)])

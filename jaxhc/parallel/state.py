@@ -86,10 +86,16 @@ class Plan:
         params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
         if not self.sharded_params:
             return params
+        out = np.zeros(self.state_param_shapes.shape, np.float32)
+        self._scatter_flat(params, out, self.param_chunk, self.shard.param_chunk)
+        return out
+
+    def _scatter_flat(self, params, out: np.ndarray, size: int, chunk_of) -> None:
+        """Into `out` (pipe, tensor, data x size): each device's chunk `chunk_of(d)[0]` of `size`
+        values of its flat local vector of the single-layout `params` (numpy)."""
         m, layout = self.mesh_cfg, self.layout
         leaves = layout.treedef.flatten_up_to(params)
         specs = layout.treedef.flatten_up_to(self.param_specs)
-        out = np.zeros(self.state_param_shapes.shape, np.float32)
         for (p, t), coords in _pipe_tensor(m):
             local = [
                 x[_blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))]
@@ -97,11 +103,8 @@ class Plan:
             ]
             flat = np.asarray(layout.flatten(layout.treedef.unflatten(local)))
             for d in range(m.data):
-                i = self.shard.param_chunk(d)[0] * self.param_chunk
-                out[p, t, d * self.param_chunk : (d + 1) * self.param_chunk] = flat[
-                    i : i + self.param_chunk
-                ]
-        return out
+                i = chunk_of(d)[0] * size
+                out[p, t, d * size : (d + 1) * size] = flat[i : i + size]
 
     def single_params(self, state_params) -> dict:
         """The single-layout parameter tree (numpy) of the train state's parameters (a global
@@ -130,14 +133,20 @@ class Plan:
                     x[box] = np.asarray(v)
         return layout.treedef.unflatten(leaves)
 
-    def zero_opt_state(self):
-        """The initial AdamW state as global host arrays."""
+    def opt_state(self, params):
+        """The initial optimizer state as global host arrays: zero AdamW moments (and zero
+        error-feedback residuals), and each device's master copy of its optimizer-state chunk
+        taken from the single-layout `params`."""
         m = self.mesh_cfg
 
         def zeros(s):  # a device's vector of s.shape[0] values, one per data rank
             return np.zeros((m.pipe, m.tensor, m.data * s.shape[0]) if s.ndim else (), s.dtype)
 
-        return jax.tree.map(zeros, self.opt_local)
+        out = jax.tree.map(zeros, self.opt_local)
+        params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
+        master = out["master"]
+        self._scatter_flat(params, master, master.shape[-1] // m.data, self.shard.optim_chunk)
+        return out
 
     def check_tokens(self, shape, width: int) -> None:
         if len(shape) != 2 or shape[1] != width:
@@ -216,7 +225,7 @@ def initial_state(
     `train_state_specs` where the mesh is not a `jax.sharding.Mesh` (one process per device)."""
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
     params = _init_params(model_cfg, seed) if params is None else params
-    return TrainState(np.zeros((), np.int32), plan.param_state(params), plan.zero_opt_state())
+    return TrainState(np.zeros((), np.int32), plan.param_state(params), plan.opt_state(params))
 
 
 def init_state(
@@ -238,11 +247,11 @@ def init_state(
     check_mesh(mesh, mesh_cfg)
     plan = Plan(model_cfg, mesh_cfg, optim_cfg, policy)
     params = _init_params(model_cfg, seed) if params is None else params
+    opt_state = jax.device_put(plan.opt_state(params), shardings(mesh, plan.opt_specs))
     if plan.sharded_params:
         params = jax.device_put(plan.param_state(params), NamedSharding(mesh, OPT_SPEC))
     else:
         params = from_single(params, mesh)
-    opt_state = jax.device_put(plan.zero_opt_state(), shardings(mesh, plan.opt_specs))
     step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(mesh, P()))
     return TrainState(step, params, opt_state)
 

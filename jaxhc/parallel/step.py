@@ -192,7 +192,7 @@ def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
         local, (g, layers, done) = jax.value_and_grad(objective, argnums=(0, 1, 2))(
             shared, sink, res
         )
-        layers = jnp.pad(layers, ((0, 0), (0, layout.layer_padded - layout.layer_values)))
+        layers = layout.pad_layers(layers)
         steps = zero.levels(shard)[:scattered]
         if mine:
             layers, new = zero.scatter_layers(layers, steps, [p[1] for p in parts])
@@ -258,7 +258,7 @@ def per_shard_train_step(
             state.step, fidelity_every, chunk, start, local, exact_chunk, layout, shard
         )
         params, opt_state, grad_norm, lr = zero.update(
-            params, opt_state, g, state.step, layout, optim_cfg, shard, before
+            opt_state, g, state.step, layout, optim_cfg, shard, before
         )
         if shard.sharded_params:
             params = params.reshape(1, 1, -1)

@@ -37,7 +37,7 @@ import jaxhc
 from jaxhc import context
 from jaxhc.model.config import OptimConfig
 from jaxhc.parallel.amsp import ShardPlan
-from jaxhc.parallel.layout import FlatLayout, decay_mask
+from jaxhc.parallel.layout import FlatLayout, decay_mask, per_value
 
 
 def lr_schedule(cfg: OptimConfig):
@@ -68,12 +68,10 @@ def reference_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
 
 
 def init_chunk(cfg: OptimConfig, chunk: jax.Array) -> dict:
-    """Optimizer state of one rank's chunk: AdamW's (the decay and learning rate do not enter it)
-    and the exact "master" copy of the chunk's parameters (taken from the parameters at step 0)."""
-    return {
-        "adam": adamw(cfg, cfg.lr, cfg.weight_decay).init(chunk),
-        "master": jnp.zeros_like(chunk),
-    }
+    """Optimizer state of one rank's chunk of parameter values: AdamW's (the decay and learning
+    rate do not enter it) and the exact "master" copy of the chunk, which every update starts
+    from."""
+    return {"adam": adamw(cfg, cfg.lr, cfg.weight_decay).init(chunk), "master": chunk}
 
 
 def all_axes(shard: ShardPlan | None) -> tuple[str, ...]:
@@ -282,10 +280,14 @@ def finest(g: jax.Array, layout: FlatLayout, shard: ShardPlan):
 
 def global_norm(chunk: jax.Array, start, layout: FlatLayout, axes) -> jax.Array:
     """L2 norm of the whole model's gradient from every rank's finest chunk (which starts at
-    `start`); the same sum in the same order for every plan on the same data levels."""
-    owned = layout.owned(jaxhc.axis_index("tensor"), jaxhc.axis_index("pipe"))
-    mine = layout.per_element(owned, start, layout.chunk)
-    return jnp.sqrt(psum_scalar(jnp.sum(jnp.where(mine, jnp.square(chunk), 0.0)), axes))
+    `start`); the same sum in the same order for every plan on the same data levels. Squares
+    are summed per row of the layout first (a row is one parameter's), so the ownership mask
+    applies to the row sums: one pass over the chunk."""
+    owned = layout.owned_rows(
+        jaxhc.axis_index("tensor"), jaxhc.axis_index("pipe"), start, layout.chunk
+    )
+    rows = jnp.sum(jnp.square(chunk).reshape(owned.shape[0], -1), axis=1)
+    return jnp.sqrt(psum_scalar(jnp.sum(jnp.where(owned, rows, 0.0)), axes))
 
 
 def psum_scalar(x: jax.Array, axes) -> jax.Array:
@@ -320,12 +322,15 @@ def reduce(grads, opt_state, layout: FlatLayout, shard: ShardPlan, scattered=0, 
     return g, {**opt_state, "residual": jnp.concatenate([*done, *new])}
 
 
-def update(params, opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, shard, before=None):
+def update(opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, shard, before=None):
     """One AdamW step on the reduced chunk `g` of `reduce`: (new params, new opt_state,
     grad_norm, lr). Per shard: the rank updates its optimizer-state chunk (a slice of `g`), and
     the chunks are all-gathered over the optimizer-state group, outermost sub-axis first; with
-    sharded parameters (s_p > 1) only over the sub-axes outside the parameter group: `params`
-    and the result are then the rank's flat parameter chunk.
+    sharded parameters (s_p > 1) only over the sub-axes outside the parameter group: the result
+    is then the rank's flat parameter chunk, else the parameter tree.
+
+    The update starts from the rank's exact master copy, not from the gathered parameters: those
+    are the param codec's decoded values, and a lossy codec would re-quantize them every step.
 
     A step whose gradient norm is not finite (NaN/Inf on any rank reaches every rank's norm, so all
     ranks agree) is skipped: parameters, moments, master copy and residual stay as they were in
@@ -336,22 +341,21 @@ def update(params, opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, sha
     size = layout.padded // shard.optim
     start = shard.chunk_index(shard.optim_axes) * size
     g = lax.dynamic_slice_in_dim(g, start - shard.chunk_index(shard.grad_axes) * g.shape[0], size)
-    if cfg.grad_clip > 0:  # the same expression as optax.clip_by_global_norm
-        g = jnp.where(norm < cfg.grad_clip, g, g / norm * cfg.grad_clip)
-    # The update starts from this rank's exact master copy, not from the gathered parameters: those
-    # are the param codec's decoded values, and a lossy codec would re-quantize them every step.
-    if shard.sharded_params:  # `params` is this rank's parameter chunk, which holds its OS chunk
-        offset = start - shard.chunk_index(shard.param_axes) * params.shape[0]
-        gathered = lax.dynamic_slice_in_dim(params, offset, size)
-    else:
-        gathered = lax.dynamic_slice_in_dim(layout.flatten(params), start, size)
-    p = jnp.where(step == 0, gathered, opt_state["master"])
-    decay = cfg.weight_decay * layout.per_element([*layout.decayed, False], start, size)
     lr = lr_schedule(cfg)(step)
-    updates, adam = adamw(cfg, lr, decay).update(g, opt_state["adam"], p)
-    kept = {**(opt_state if before is None else before), "master": p}
-    new = {**opt_state, "adam": adam, "master": optax.apply_updates(p, updates)}
-    opt_state = jax.tree.map(lambda n, w: jnp.where(finite, n, w), new, kept)
+
+    def apply(state, g):  # (the per-value decay is computed in here, where XLA fuses it)
+        decay = cfg.weight_decay * per_value(layout.rows(layout.decayed, start, size))
+        if cfg.grad_clip > 0:  # optax.clip_by_global_norm, as one factor for all values
+            g = g * jnp.where(norm < cfg.grad_clip, 1.0, cfg.grad_clip / norm)
+        p = state["master"]
+        updates, adam = adamw(cfg, lr, decay).update(g, state["adam"], p)
+        return {**state, "adam": adam, "master": optax.apply_updates(p, updates)}
+
+    # A branch, not a select per value: XLA then updates the state in place (selecting between
+    # the old and the new moments reads the old ones after the new are written, so XLA copied
+    # the whole state first: 4x the update's time).
+    kept = opt_state if before is None else before
+    opt_state = lax.cond(finite, apply, lambda *_: kept, opt_state, g)
     p = opt_state["master"]
     for axis in shard.optim_axes:  # up to the parameter chunk (its axes are the inner ones)
         if axis not in shard.param_axes and jaxhc.axis_size(axis) > 1:

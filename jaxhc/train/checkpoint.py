@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
+from jaxhc.data.sources import hash_file as _sha256
 from jaxhc.launch import _blocks
 from jaxhc.parallel.canonical import Canonical, extract, insert
 from jaxhc.parallel.state import Plan
@@ -407,6 +408,20 @@ class Checkpoints:
                 _read_into(piece, leaves[piece.leaf], store[piece.box])
             yield c, leaves
 
+    def read_arrays(self, prefix: str, step: int | None = None) -> tuple[int, dict]:
+        """(step, {name: array}) of the whole canonical arrays whose names start with `prefix`
+        (``"params/"``: the model in its single layout, whatever mesh wrote it) of checkpoint
+        `step` (default: the latest), its files verified first: what tools that need the model
+        alone read (`jaxhc generate`, `eval`, `export`)."""
+        step = self._resolve(step)
+        problem = self.verify(step)
+        if problem is not None:
+            raise ValueError(f"{problem}; {self._hint(step)}")
+        step, meta = self._meta(step)
+        path, stores = self._path(step), {}
+        names = [n for n in meta["arrays"] if n.startswith(prefix)]
+        return step, {n: self._open(stores, path, n).read().result() for n in names}
+
     def read_global(self, plan: Plan, step: int | None = None):
         """The checkpoint as a TrainState of global host arrays in the layout of `plan`'s mesh
         (every device's block assembled in this process: for inspection and tests)."""
@@ -453,14 +468,6 @@ def _files(root: str) -> list[str]:
     for parent, _, names in os.walk(root):
         out += [os.path.relpath(os.path.join(parent, n), root) for n in names]
     return sorted(r for r in out if r not in (META, TOKEN))
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _hash_share(root: str, group: Group) -> dict:

@@ -50,6 +50,22 @@ class TrainConfig:
         whole_number("train.max_skipped_steps", self.max_skipped_steps, least=0)
 
 
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """A dataset prepared by `jaxhc data prepare` to train on (without a ``data`` section: the
+    embedded corpus). ``checksum``: check every shard's SHA-256 against its meta.json when the run
+    starts (sizes are always checked); false skips the read for huge corpora."""
+
+    path: str = ""
+    checksum: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError(f"data.path={self.path!r} must name a prepared dataset folder")
+        if not isinstance(self.checksum, bool):
+            raise ValueError(f"data.checksum={self.checksum!r} must be true or false")
+
+
 SECTIONS = {"model": GPTConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig}
 
 
@@ -63,7 +79,9 @@ DEFAULT_TRAIN = TrainConfig(steps=300, batch_size=32)
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """One training run. ``compression`` is a policy preset name or a policy YAML path."""
+    """One training run. ``compression`` is a policy preset name or a policy YAML path;
+    ``data`` the prepared dataset (None: the embedded corpus); ``init`` where a fresh run's
+    parameters come from (None: ``train.seed``; ``hf:PATH``: a local transformers GPT-2)."""
 
     name: str = "default"
     model: GPTConfig = DEFAULT_MODEL
@@ -72,8 +90,11 @@ class ExperimentConfig:
     train: TrainConfig = DEFAULT_TRAIN
     compression: str = "zhybrid"
     transport: str = "xla"
+    data: DataConfig | None = None
+    init: str | None = None
 
     def __post_init__(self):
+        _check_init(self.init)
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport={self.transport!r} must be one of {', '.join(TRANSPORTS)}")
         _ = self.policy  # loaded here, once: a bad policy fails early, in one line
@@ -90,21 +111,98 @@ class ExperimentConfig:
 def from_dict(data: dict[str, Any]) -> ExperimentConfig:
     """Build an ExperimentConfig from a nested mapping; unknown keys are errors naming them.
 
-    ``optim.total_steps`` defaults to ``train.steps`` (the schedule spans the run).
+    ``optim.total_steps`` defaults to ``train.steps`` (the schedule spans the run). With
+    ``init: hf:PATH`` the model section follows that checkpoint's config (see `_follow_init`);
+    with a ``data`` section ``model.vocab_size`` defaults to its tokenizer's (`_follow_data`).
     """
     data = dict(data or {})
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key in SECTIONS:
             kwargs[key] = _section(key, value, getattr(ExperimentConfig, key))
+        elif key == "data":
+            kwargs[key] = _data_section(value)
         elif key in ("name", "compression", "transport"):
             kwargs[key] = str(value)
+        elif key == "init":
+            kwargs[key] = _check_init(None if value is None else str(value))
         else:
             raise ValueError(f"unknown config key {key!r}")
     if "total_steps" not in (data.get("optim") or {}):
         steps = kwargs.get("train", DEFAULT_TRAIN).steps
         kwargs["optim"] = dataclasses.replace(kwargs.get("optim", DEFAULT_OPTIM), total_steps=steps)
+    given = set(data.get("model") or {})
+    if kwargs.get("init"):
+        kwargs["model"] = _follow_init(kwargs.get("model", DEFAULT_MODEL), given, kwargs["init"])
+    if kwargs.get("data") is not None:
+        kwargs["model"] = _follow_data(
+            kwargs.get("model", DEFAULT_MODEL), given, kwargs["data"], kwargs.get("init")
+        )
     return ExperimentConfig(**kwargs)
+
+
+def _check_init(init: str | None) -> str | None:
+    if init is not None and not (init.startswith("hf:") and len(init) > 3):
+        raise ValueError(f"init={init!r} must be hf:PATH (a local transformers GPT-2 folder)")
+    return init
+
+
+def _data_section(value: Any) -> DataConfig:
+    if not isinstance(value, dict):
+        raise ValueError(f"config section 'data' must be a mapping, got {value!r}")
+    fields = {f.name for f in dataclasses.fields(DataConfig)}
+    for key in value:
+        if key not in fields:
+            raise ValueError(f"unknown config key data.{key}")
+    return DataConfig(**value)
+
+
+# GPTConfig fields an `init: hf:PATH` checkpoint fixes (block_size may be smaller: the first
+# positions' embeddings are kept).
+INIT_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "layer_norm_eps")
+
+
+def _follow_init(model: GPTConfig, given: set, init: str) -> GPTConfig:
+    """`model` with the architecture of checkpoint `init`; a given key that differs is one line
+    naming both (``model.block_size`` may be smaller than the checkpoint's context)."""
+    from jaxhc.model.hf_io import read_config
+
+    hf = read_config(init[3:])
+    changes = {}
+    for key in INIT_FIELDS:
+        theirs, ours = getattr(hf, key), getattr(model, key)
+        if key not in given:
+            changes[key] = theirs
+        elif key == "block_size" and ours <= theirs:
+            continue
+        elif ours != theirs:
+            more = " or less" if key == "block_size" else ""
+            raise ValueError(
+                f"model.{key}={ours} does not match {init}, whose config has {theirs}: "
+                f"leave model.{key} out to take it from there, or give {theirs}{more}"
+            )
+    return dataclasses.replace(model, **changes)
+
+
+def _follow_data(model: GPTConfig, given: set, data: DataConfig, init: str | None) -> GPTConfig:
+    """`model` with the vocabulary of `data`'s tokenizer unless it is given (or set by `init`);
+    a vocabulary smaller than the tokenizer's is one line naming both."""
+    from jaxhc.data import read_meta
+
+    vocab = int(read_meta(data.path)["tokenizer"]["vocab_size"])
+    if "vocab_size" not in given and not init:
+        return dataclasses.replace(model, vocab_size=vocab)
+    if model.vocab_size < vocab:
+        if "vocab_size" not in given:
+            raise ValueError(
+                f"{init} has a vocabulary of {model.vocab_size} tokens, fewer than the {vocab} "
+                f"tokens of data.path={data.path}'s tokenizer"
+            )
+        raise ValueError(
+            f"model.vocab_size={model.vocab_size} is smaller than the {vocab} tokens of "
+            f"data.path={data.path}'s tokenizer: leave model.vocab_size out to take it from there"
+        )
+    return model
 
 
 def _section(name: str, value: Any, default):

@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 
 import jax
@@ -18,7 +19,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxhc
-from jaxhc.data import VOCAB_SIZE, Batches, corpus_bytes
+from jaxhc.data import VOCAB_SIZE, Dataset
+from jaxhc.data.dataset import TOKENIZER
 from jaxhc.model import validate
 from jaxhc.parallel import TrainState, init_state, make_eval_loss, make_mesh, make_train_step
 from jaxhc.parallel.fidelity import METRICS as FIDELITY
@@ -54,7 +56,7 @@ def train(
 def check_config(cfg: ExperimentConfig, n_devices: int) -> None:
     """The checks every transport makes before anything runs (one-line errors naming the key)."""
     validate(cfg.model, cfg.mesh, batch_size=cfg.train.batch_size, n_devices=n_devices)
-    if cfg.model.vocab_size < VOCAB_SIZE:
+    if cfg.data is None and cfg.model.vocab_size < VOCAB_SIZE:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} must be >= {VOCAB_SIZE} (bytes)")
 
 
@@ -77,7 +79,9 @@ class Runner(abc.ABC):
             raise ValueError(error)
 
     @abc.abstractmethod
-    def init_state(self) -> TrainState: ...
+    def init_state(self, init=None) -> TrainState:
+        """The fresh state: parameters from ``train.seed``, or from ``init()`` (single-layout host
+        arrays, called on the processes that need them) when `init` is given."""
 
     @abc.abstractmethod
     def restore(self, checkpoints: Checkpoints, state: TrainState) -> TrainState:
@@ -149,10 +153,11 @@ class XlaRunner(Runner):
         )
         self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
 
-    def init_state(self):
+    def init_state(self, init=None):
         cfg = self.cfg
+        params = None if init is None else init()
         return init_state(
-            cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, policy=cfg.policy
+            cfg.model, cfg.mesh, cfg.optim, self.mesh, cfg.train.seed, params, policy=cfg.policy
         )
 
     def raise_if_any(self, error):
@@ -230,8 +235,17 @@ def run_loop(
     if writer:
         os.makedirs(out_dir, exist_ok=True)
 
-    batches = Batches(corpus_bytes(), cfg.train.batch_size, cfg.model.block_size, cfg.train.seed)
-    state = runner.init_state()
+    batches, error = None, None
+    try:
+        batches = open_data(cfg, checksum=writer).batches(
+            cfg.train.batch_size, cfg.model.block_size, cfg.train.seed
+        )
+    except ValueError as e:
+        error = str(e)
+    runner.raise_if_any(error)
+    if writer and cfg.data is not None:  # `jaxhc generate` and `export` decode with it
+        shutil.copyfile(os.path.join(cfg.data.path, TOKENIZER), os.path.join(out_dir, TOKENIZER))
+    state = runner.init_state(_init_params(cfg) if cfg.init and not resume else None)
     keep = cfg.train.keep_checkpoints
     checkpoints = Checkpoints(os.path.join(out_dir, "checkpoints"), keep=keep, group=runner.group)
     start = 0
@@ -310,6 +324,21 @@ def run_loop(
                     bar.note(f"step {step + 1}: state is not finite; checkpoint skipped")
             bar.update(record)
     return record if writer else {}
+
+
+def open_data(cfg: ExperimentConfig, checksum: bool = True) -> Dataset:
+    """The run's dataset: ``data.path`` (its shards checked, their SHA-256 too when `checksum`
+    and ``data.checksum``), or the embedded corpus."""
+    if cfg.data is None:
+        return Dataset.embedded()
+    return Dataset.open(cfg.data.path, checksum=checksum and cfg.data.checksum)
+
+
+def _init_params(cfg: ExperimentConfig):
+    """A loader of the parameters of ``init: hf:PATH`` for `cfg.model`."""
+    from jaxhc.model.hf_io import initial_params
+
+    return lambda: initial_params(cfg.model, cfg.init[3:])
 
 
 def _truncate_metrics(path: str, start: int) -> None:

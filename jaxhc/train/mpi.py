@@ -149,16 +149,19 @@ class MpiRunner(Runner):
         rank, error = first
         raise AgreedError(error if rank == 0 else f"rank {rank}: {error}")
 
-    def _host_state(self):
+    def _host_state(self, init=None):
         """The fresh global state as host arrays on rank 0; its structure elsewhere."""
         cfg = self.cfg
         if self.writer:
-            return initial_state(cfg.model, cfg.mesh, cfg.optim, cfg.train.seed, policy=cfg.policy)
+            params = None if init is None else init()
+            return initial_state(
+                cfg.model, cfg.mesh, cfg.optim, cfg.train.seed, params, policy=cfg.policy
+            )
         return TrainState(0, self.plan.state_param_shapes, self.plan.opt_local)
 
-    def init_state(self):
+    def init_state(self, init=None):
         # Rank 0 alone initializes (one compilation instead of one per rank) and sends the blocks.
-        return self._scatter(self._host_state())
+        return self._scatter(self._host_state(init))
 
     def restore(self, checkpoints, state):
         leaves, error = None, None
