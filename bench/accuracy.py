@@ -1,5 +1,6 @@
 """Codec accuracy on jaxhc's GPT tensors: bits per value, relative L2 and max error of every lossy
-codec, with the one-thread encode/decode speed of the block quantizers and of 3-D ZFP beside them.
+codec, with the one-thread encode/decode speed of the block quantizers (plain and rotated) and of
+3-D ZFP beside them.
 
     .venv/bin/python bench/accuracy.py --quick     # seconds: bench/results/accuracy_quick.json
     .venv/bin/python bench/accuracy.py             # the full sets and 16M values for the speed
@@ -11,8 +12,8 @@ block), each set in float32 and in bfloat16. Every array goes through the codec 
 its own, as a collective would send it. bits/value = payload bits over values of the whole set
 (ZFP: its rate, block padding included; q8/q4: codes + float32 scales + 8-byte padding; casts:
 the type's width). rel L2 = ||x - decoded|| / ||x|| over the set, max err = max |x - decoded|,
-max/absmax = max err / max |x| (float64 arithmetic on the values as given). Speed: q8/q4 and
-zfp:8:d3 encode and decode of --n values (a random walk) in a child pinned to one CPU with
+max/absmax = max err / max |x| (float64 arithmetic on the values as given). Speed: q8/q4, q8:h/q4:h
+and zfp:8:d3 encode and decode of --n values (a random walk) in a child pinned to one CPU with
 JAXHC_THREADS=1, GB/s of input (best of --repeats).
 """
 
@@ -46,11 +47,15 @@ CODECS = (
     "q8",
     "q4",
     "q8:b64",
+    "q8:h",
+    "q4:h",
+    "q4:b1024",
+    "q4:b1024:h",
     "bf16 cast",
     "fp16 cast",
 )
 DTYPES = ("float32", "bfloat16")
-SPEED_CODECS = ("q8", "q4", "zfp:8:d3")
+SPEED_CODECS = ("q8", "q4", "q8:h", "q4:h", "zfp:8:d3")
 CASTS = {"bf16 cast": jnp.bfloat16, "fp16 cast": jnp.float16}
 
 
@@ -158,7 +163,10 @@ NOTES = [
     "Each array coded on its own; errors over the whole set, in float64, against the values as "
     "given (bfloat16 rows: against the bfloat16 values). q8 = int8 codes + a float32 absmax "
     "scale per 256 values; q8:b64 per 64. zfp:R:d2 / zfp:R:d3: ZFP's 2-D / 3-D blocks of 16 / "
-    "64 consecutive values (the array laid out as (n/4, 4) / (n/16, 4, 4)).",
+    "64 consecutive values (the array laid out as (n/4, 4) / (n/16, 4, 4)). q8:h / q4:h: each "
+    "block of 256 values turned by a fixed randomized Hadamard transform, then coded with the "
+    "256 / 16 Lloyd-Max levels of a Gaussian scaled by the block's RMS (the last block of each "
+    "array padded to 256 codes); q4:b1024 / q4:b1024:h: blocks of 1024.",
     "GB/s: 1e9 bytes of input per second, one CPU, JAXHC_THREADS=1, random walk data.",
 ]
 
@@ -168,7 +176,7 @@ def run(quick: bool, n: int, repeats: int, dtypes=DTYPES) -> dict:
     records = accuracy(gpt_sets(quick), dtypes)
     speeds = one_thread_speed(n, repeats, dtypes)
     rows = table(records, speeds)
-    title = "codec accuracy on jaxhc's GPT tensors (q8/q4, zfp:8:d3 speed: one thread)"
+    title = "codec accuracy on jaxhc's GPT tensors (q8/q4, q8:h/q4:h, zfp:8:d3 speed: one thread)"
     print_table(title, COLUMNS, rows, NOTES)
     return {"records": records, "speed": speeds, "markdown": markdown_table(COLUMNS, rows, NOTES)}
 

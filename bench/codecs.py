@@ -6,8 +6,8 @@
     .venv/bin/python bench/codecs.py --quick   # a smoke run (seconds): codecs_quick.json
 
 Throughput (first two tables). jaxhc's ZFP at each rate (1-D blocks), ZFP in 2-D and 3-D blocks at
-each --nd-rates rate (`zfp:R:d2`, `zfp:R:d3`), q8, q4 and MPC (dim 1, no budget) encode and decode
---n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
+each --nd-rates rate (`zfp:R:d2`, `zfp:R:d3`), q8, q4, q8:h, q4:h and MPC (dim 1, no budget) encode
+and decode --n values (16M) of a random walk (cumsum of N(0, 1), smooth at the scale of a ZFP block)
 through the XLA FFI inside `jax.jit`, side by side in one run with zfpy (single-threaded, float32
 only: it has no bfloat16; for 2-D/3-D blocks the (n/4, 4) and (n/16, 4, 4) arrays whose streams
 jaxhc's are) and a numpy memcpy. "1 thr" columns come from a child process pinned to
@@ -38,7 +38,7 @@ fits when ratio >= 1/b; below that a collective falls back to sending raw.
 
 Accuracy (fifth table, bench/accuracy.py, also runnable alone): every lossy codec and the
 bfloat16/float16 casts on the GPT sets, bits per value, relative L2 and max error, and the
-one-thread encode/decode GB/s of q8/q4.
+one-thread encode/decode GB/s of q8/q4 and q8:h/q4:h.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def throughput(
     for dtype in dtypes:
         x_np = base.astype(jnp.dtype(dtype))
         x = jax.device_put(x_np)
-        for codec in [*(Zfp(rate=r) for r in rates), *nd, Quant(8), Quant(4), Mpc()]:
+        quant = [Quant(8), Quant(4), Quant(8, rotate=True), Quant(4, rotate=True)]
+        for codec in [*(Zfp(rate=r) for r in rates), *nd, *quant, Mpc()]:
             rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes}
             rec["jaxhc"] = time_codec(codec, x, repeats)
             block = 4**codec.dims if isinstance(codec, Zfp) else 0

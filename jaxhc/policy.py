@@ -34,7 +34,8 @@ zero forever, so asking for it there is a configuration error rather than silent
 
 A codec entry is a spec string (``"zfp:8"``, ``"zfp:8:d3"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` =
 the identity codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:,
-dims: (zfp's block layout, 1..3), block:, stochastic: (q8/q4 rounding), seed:, budget:, dim:}``,
+dims: (zfp's block layout, 1..3), block:, stochastic: (q8/q4 rounding), seed:, rotate: (q8/q4:
+rotated blocks, ``q4:h``), budget:, dim:}``,
 or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``, but
 for the sub-axes ``data.0``, ``data.1``, ... of a nested data axis (`jaxhc.parallel.amsp`), which
 take the entry of ``data`` unless they have their own (e.g. a lighter codec inside a node).
@@ -258,6 +259,7 @@ def _codec(entry: Any, where: str) -> Codec | None:
                     block=entry.pop("block", 256),
                     stochastic=entry.pop("stochastic", False),
                     seed=entry.pop("seed", 0),
+                    rotate=entry.pop("rotate", False),
                 )
             elif kind == "mpc":
                 codec = Mpc(dim=entry.pop("dim", 1), budget=entry.pop("budget", MPC_BUDGET))
@@ -366,4 +368,13 @@ PRESETS["zfp8_ef"] = {  # zfp8 as the seed measured it (1-D), with error feedbac
 }
 PRESETS["q8_ef"] = {
     "axes": {**PRESETS["q8"]["axes"], "data": {"codec": "q8", "error_feedback": True}}
+}
+# 4 bits per gradient value: rotated q4 with error feedback on the data gradients, the parameter
+# gathers (ZeRO) in q8, lossless MPC for the model-parallel traffic.
+PRESETS["q4_ef"] = {
+    "axes": {
+        "data": {"codec": "q4:h", "error_feedback": True, "param": "q8"},
+        "tensor": f"mpc:{MPC_BUDGET}",
+        "pipe": f"mpc:{MPC_BUDGET}",
+    }
 }

@@ -14,6 +14,7 @@ mix32(mix32(i_lo ^ mix32(i_hi ^ seed)) ^ bits(x)) (i: the value's index in the r
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import hadamard
 
 TINY_BITS = 27 << 23  # 2^-100
 INF_BITS = 0x7F800000
@@ -57,15 +58,20 @@ def stochastic_codes(x32, inv, q: int, draw) -> np.ndarray:
     return np.clip(np.where(tiny, 0, codes), -q, q)
 
 
+def blocks_of(x, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x as flat float32 (exact widening), its zero-padded blocks (blocks, block), their largest
+    |x| as bits)."""
+    x32 = np.asarray(x).astype(np.float32).reshape(-1)
+    padded = np.zeros(-(-x32.size // block) * block, np.float32)
+    padded[: x32.size] = x32
+    rows = padded.reshape(-1, block)
+    return x32, rows, (rows.view(np.uint32) & 0x7FFFFFFF).max(axis=1)
+
+
 def encode(x, bits: int, block: int, stochastic: bool = False, seed: int = 0) -> tuple[bytes, bool]:
     """(payload bytes, every value finite) of the flattened x (float32, bfloat16 or float16)."""
-    x32 = np.asarray(x).astype(np.float32).reshape(-1)  # exact widening
-    n = x32.size
-    blocks = -(-n // block)
-    padded = np.zeros(blocks * block, np.float32)
-    padded[:n] = x32
-    rows = padded.reshape(blocks, block)
-    amax_bits = (rows.view(np.uint32) & 0x7FFFFFFF).max(axis=1)
+    x32, rows, amax_bits = blocks_of(x, block)
+    n, blocks = x32.size, rows.shape[0]
     zero = (amax_bits >= INF_BITS) | (amax_bits < TINY_BITS)
     amax = np.where(zero, np.uint32(0x3F800000), amax_bits).astype(np.uint32).view(np.float32)
     q = np.float32(qmax(bits))
@@ -111,3 +117,78 @@ def round_trip(x, bits: int, block: int, stochastic: bool = False, seed: int = 0
     x = np.asarray(x)
     payload, _ = encode(x, bits, block, stochastic, seed)
     return decode(payload, x.size, bits, block, x.dtype).reshape(x.shape)
+
+
+# --- rotated blocks (q8:h, q4:h: ffi/core/quant_rotated.h, written again) ------------------------
+#
+# Per block of B = 2^b values (the last one zero-padded), a = max |x|: NaN/Inf or a >= 2^116 makes
+# the row not ok and its block a zero block, as does a < 2^-96 (ok). With E = a's exponent:
+# q = rint(x * 2^(19 - E)) (float32 product), negated where negated(i); y = H q exactly (scipy's
+# Hadamard matrix); sigma = sqrt(sum q^2); thresholds floor(t * sigma); code K + k (K - 1 - k for
+# y < 0), k = how many thresholds lie below |y|; scale float32(sigma * 2^-(b + 35 - E)). Decode: a
+# scale outside [2^-123, 2^98) gives zeros; else float32(H levels) * scale, negated where
+# negated(i), rounded to the output type.
+
+TINY_ROT_BITS = (127 - 96) << 23
+HUGE_BITS = (127 + 116) << 23
+MIN_SCALE_BITS, MAX_SCALE_BITS = (127 - 123) << 23, (127 + 98) << 23
+SIGN_SEED = 0x9E3779B9
+
+
+def negated(block: int) -> np.ndarray:
+    """Whether each position of a block changes sign: the top bit of mix32(i ^ seed)."""
+    i = np.arange(block, dtype=np.uint32) ^ np.uint32(SIGN_SEED)
+    return (mix32(i) >> np.uint32(31)).astype(bool)
+
+
+def rotated_payload_bytes(n: int, bits: int, block: int) -> int:
+    """The plain layout's size for the whole blocks: every code of a padded block is sent."""
+    return payload_bytes(-(-n // block) * block, bits, block)
+
+
+def rotated_encode(x, bits: int, block: int, thresholds) -> tuple[bytes, bool]:
+    """(payload, ok) of q<bits>:h on the flattened x; `thresholds`: the positive half (float32)."""
+    x32, rows, amax = blocks_of(x, block)
+    n, b = x32.size, block.bit_length() - 1
+    zero = (amax >= HUGE_BITS) | (amax < TINY_ROT_BITS)
+    e = (amax >> 23).astype(np.int64) - 127
+    factor = np.where(zero, 0, (273 - (amax >> 23).astype(np.int64)) << 23).astype(np.uint32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = np.rint(np.where(zero[:, None], 0, rows) * factor.view(np.float32)[:, None])
+    q = np.where(negated(block), -q, q).astype(np.int64)
+    y = q @ hadamard(block).astype(np.int64).T
+    sigma = np.sqrt((q * q).sum(axis=1).astype(np.float64))
+    thr = np.floor(np.asarray(thresholds, np.float32).astype(np.float64)[None, :] * sigma[:, None])
+    k = (np.abs(y)[:, :, None] > thr[:, None, :]).sum(axis=2)
+    half = 1 << (bits - 1)
+    codes = np.where(y < 0, half - 1 - k, half + k)
+    codes = np.where(zero[:, None], 0, codes).astype(np.uint8).reshape(-1)
+    if bits == 4:
+        codes = (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8)
+    scale = np.ldexp(sigma, -(b + 35 - e)).astype(np.float32)
+    scale = np.where(zero, np.float32(0), scale)
+    out = scale.tobytes() + codes.tobytes()
+    out += b"\0" * (rotated_payload_bytes(n, bits, block) - len(out))
+    return out, bool((amax < HUGE_BITS).all())
+
+
+def rotated_decode(payload: bytes, n: int, bits: int, block: int, levels, dtype=np.float32):
+    """The n values of a q<bits>:h payload (any bytes), rounded to `dtype`; `levels`: the
+    positive half as integers of 2^-16."""
+    blocks = -(-n // block)
+    buf = np.frombuffer(bytes(payload), np.uint8)
+    scale = buf[: 4 * blocks].copy().view(np.float32)
+    raw = buf[4 * blocks : 4 * blocks + blocks * block * bits // 8]
+    codes = raw if bits == 8 else np.stack([raw & 0x0F, raw >> 4], axis=1).reshape(-1)
+    codes = codes.astype(np.int64).reshape(blocks, block)
+    pos = np.asarray(levels, np.int64)
+    signed = np.concatenate([-pos[::-1], pos])  # code c -> its level
+    v = signed[codes] @ hadamard(block).astype(np.int64).T
+    sb = scale.view(np.uint32)
+    valid = (sb >= MIN_SCALE_BITS) & (sb < MAX_SCALE_BITS)
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = v.astype(np.float32) * np.where(valid, scale, np.float32(0))[:, None]
+    x = np.where(negated(block), -x, x)
+    x = np.where(valid[:, None], x, np.float32(0))
+    with np.errstate(over="ignore"):  # float16 rounds past 65504 to inf, as astype does
+        return x.reshape(-1)[:n].astype(dtype)

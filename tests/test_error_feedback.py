@@ -181,7 +181,8 @@ def test_bfloat16_residual_also_keeps_the_cast():
     np.testing.assert_array_equal(new, y - np.asarray(jnp.asarray(y, jnp.bfloat16), np.float32))
 
 
-def test_over_many_steps_error_feedback_tracks_the_exact_sum():
+@pytest.mark.parametrize("codec, gain", [(f"zfp:{RATE}", 16), ("q4:h", 8)])
+def test_over_many_steps_error_feedback_tracks_the_exact_sum(codec, gain):
     """The running sum of EF outputs stays within one step's codec error of the exact sum; without
     EF the per-step errors (biased for a repeated gradient) pile up."""
     parts, steps = 4, 48
@@ -190,7 +191,6 @@ def test_over_many_steps_error_feedback_tracks_the_exact_sum():
     base = rng.standard_normal((parts, 256)).astype(np.float32)
     noise = 0.1 * rng.standard_normal((steps, parts, 256)).astype(np.float32)
     xs = base[None] + noise  # (steps, parts, n): a steady gradient plus noise
-    codec = f"zfp:{RATE}"
 
     def run_steps(a):  # a: this rank's (steps, 1, n)
         def step(carry, xt):
@@ -209,9 +209,9 @@ def test_over_many_steps_error_feedback_tracks_the_exact_sum():
     exact = xs.astype(np.float64).sum((0, 1))
     err_ef = np.abs(with_ef - exact).max()
     err_plain = np.abs(without - exact).max()
-    # Without EF the error grows with the steps (~0.35 per step here, 16.6 after 48); with EF it
-    # stays that of a step or two (0.5): what the residuals still hold.
-    assert err_ef < 3 * err_plain / steps, (err_ef, err_plain)
+    # Without EF the error grows with the steps (zfp:8: ~0.35 per step here, 16.6 after 48; q4:h:
+    # 10.8); with EF it stays that of a step or two (0.5; q4:h 0.93): what the residuals hold.
+    assert err_ef < err_plain / gain, (err_ef, err_plain)
 
 
 def test_trees_and_bad_residuals():

@@ -59,7 +59,7 @@ def one_line_error(call, culprit: str | None, where: str) -> str:
 NAMES = ["zfp", "mpc", "q8", "q4", "none", "identity", "raw", "ZFP", " zfp", "zfpp", "", "q16"]
 ARGS = ["8", "0", "-1", "2", "2.25", "2.2", "32", "64", "65", "1e9", "nan", "inf", "-inf", "0.5",
         "1.5", "abc", "", "dim=2", "dim=0", "dim=-3", "dim=x", "dim=9", "b128", "b0", "b7", "b-4",
-        "bx", "b1000000000000", "8.5", " 8", "0x10", "1_0"]  # fmt: skip
+        "bx", "b1000000000000", "8.5", " 8", "0x10", "1_0", "h", "h", "b64", "b1024"]  # fmt: skip
 NOT_STRINGS = [8, 8.0, True, b"zfp:8", ["zfp", 8], {"codec": "zfp"}, object()]
 
 
@@ -102,6 +102,65 @@ def test_fuzz_codec_specs():
             else:
                 assert np.abs(y - x).max() <= 0.1 * np.abs(x).max(), (where, spec)
     assert accepted > 0
+
+
+# --- hostile payloads for the rotated quantizers --------------------------------------------------
+
+# Scale bit patterns at and around the edges of what a decoder takes ([2^-123, 2^98)).
+SCALE_BITS = [
+    *(0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0x00000001, 0x007FFFFF),
+    *((4 << 23) - 1, 4 << 23, (225 << 23) - 1, 225 << 23, 0x3F800000, 0xBF800000),
+]
+
+
+def _hostile(rng: random.Random, payload: np.ndarray, blocks: int) -> np.ndarray:
+    """A payload with random bytes, flipped bits, or edge-case scales written over it."""
+    p = payload.copy()
+    op = rng.choice(["bytes", "bits", "scales", "all"])
+    if op == "bytes":
+        for _ in range(rng.randint(1, 16)):
+            p[rng.randrange(p.size)] = rng.randrange(256)
+    elif op == "bits":
+        for _ in range(rng.randint(1, 32)):
+            p[rng.randrange(p.size)] ^= 1 << rng.randrange(8)
+    elif op == "scales":
+        scales = p[: 4 * blocks].view(np.uint32)
+        for _ in range(rng.randint(1, blocks)):
+            scales[rng.randrange(blocks)] = rng.choice(SCALE_BITS)
+    else:
+        p[:] = np.frombuffer(rng.randbytes(p.size), np.uint8)
+    return p
+
+
+def test_fuzz_rotated_quant_decode(monkeypatch):
+    """q8:h / q4:h payloads with hostile bytes decode on every CPU kernel to what the numpy
+    oracle decodes, bit for bit, to finite float32 values (a scale out of range: zeros); the
+    fused decode-and-sum of such payloads equals decoding them and adding in rank order."""
+    from _quant_oracle import rotated_decode
+
+    from jaxhc import _native
+
+    for where, rng in cases(12, "rotated"):
+        bits, block = rng.choice([4, 8]), rng.choice([64, 256, 1024])
+        dtype = rng.choice([np.float32, jnp.bfloat16, np.float16])
+        codec = parse(f"q{bits}:b{block}:h")
+        n = rng.choice([1, 63, 300, 2 * block + 5])
+        blocks = -(-n // block)
+        x = np.random.default_rng(rng.randrange(2**32)).standard_normal((2, n)).astype(dtype)
+        good = np.asarray(jax.vmap(codec.encode)(jnp.asarray(x)).payload)
+        bad = np.stack([_hostile(rng, row, blocks) for row in good])
+        levels, _ = _native.cpu.quant_levels(bits)
+        want = [rotated_decode(row.tobytes(), n, bits, block, levels, dtype) for row in bad]
+        for kernel in _native.cpu.quant_kernels():
+            monkeypatch.setenv("JAXHC_QUANT_KERNEL", kernel)
+            for row, w in zip(bad, want, strict=True):
+                got = np.asarray(codec.decode(jnp.asarray(row), (n,), dtype))
+                assert got.tobytes() == w.tobytes(), f"{where} {codec.spec} {kernel}"
+                if dtype != np.float16:  # float16 rounds values past 65504 to inf, as astype
+                    assert np.isfinite(got.astype(np.float32)).all(), where
+            fused = codec.decode_sum(jnp.asarray(bad), n, dtype)
+            unfused = Codec.decode_sum(codec, jnp.asarray(bad), n, dtype)
+            assert np.asarray(fused).tobytes() == np.asarray(unfused).tobytes(), where
 
 
 # --- policies: mappings and YAML files ------------------------------------------------------------
@@ -255,8 +314,8 @@ def test_fuzz_train_command_line(capsys, monkeypatch):
 
 PARTS = 2  # a ("data",) mesh of 2 host devices: small programs, quick to trace and compile
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8, jnp.uint8, jnp.bool_]
-CODECS = [None, "none", "mpc", "mpc:0.9", "zfp:8", "zfp:16", "q8", "q4:b32"]
-BAD_CODECS = ["zfp:1", "zfp", "mpc:7", "gzip", "q8:b3"]
+CODECS = [None, "none", "mpc", "mpc:0.9", "zfp:8", "zfp:16", "q8", "q4:b32", "q4:h"]
+BAD_CODECS = ["zfp:1", "zfp", "mpc:7", "gzip", "q8:b3", "q4:b32:h"]
 
 
 def _collective(rng: random.Random, shape):

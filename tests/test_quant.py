@@ -1,5 +1,6 @@
 """The q8/q4 block quantizers against a numpy oracle (tests/_quant_oracle.py): payload bytes and
-decoded bits equal, the error bound, NaN/Inf, the fused decode-and-sum, specs, thread counts."""
+decoded bits equal, the error bound, NaN/Inf, the fused decode-and-sum, specs, thread counts (the
+rotated q4:h too; its own tests: tests/test_quant_rotated.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from _quant_oracle import decode as oracle_decode
 from _quant_oracle import encode as oracle_encode
+from _quant_oracle import rotated_decode, rotated_encode
 from test_zfp import _has_gpu
 
 from jaxhc import _native
@@ -173,12 +175,26 @@ def test_fused_decode_sum_is_decode_then_sum(kernel, spec, parts, dtype):
         assert_same_bits(np.asarray(fused(payloads[sel])), np.asarray(unfused(payloads[sel])))
 
 
+def oracle(x: np.ndarray, codec: Quant):
+    """(payload, ok, decoded values) of the numpy oracle for a q8/q4 codec, rotated or not."""
+    if not codec.rotate:
+        payload, ok = oracle_encode(x, codec.bits, codec.block, codec.stochastic, codec.seed)
+        return payload, ok, oracle_decode(payload, x.size, codec.bits, codec.block, x.dtype)
+    levels, thresholds = _native.cpu.quant_levels(codec.bits)
+    payload, ok = rotated_encode(x, codec.bits, codec.block, thresholds)
+    return payload, ok, rotated_decode(payload, x.size, codec.bits, codec.block, levels, x.dtype)
+
+
+GPU_SPECS = ["q8", "q4:b64", "q4:b8", "q4:h", "q8:h", "q4:b64:h", "q8:b1024:h"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_gpu(), reason="no GPU")
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("spec", ["q8", "q4:b64", "q4:b8"])
+@pytest.mark.parametrize("spec", GPU_SPECS)
 def test_gpu_equals_the_oracle(spec, dtype):
-    """The CUDA kernels (core/quant.h): payloads, values and rank-order sums as the oracle's."""
+    """The CUDA kernels (core/quant.h, quant_rotated.h): payloads, values and rank-order sums as
+    the oracle's."""
     codec, gpu, dt = parse(spec), jax.devices("gpu")[0], DTYPES[dtype]
     for n in SIZES:
         rows = np.stack([sample(n, dtype, seed=n + s) for s in range(3)])
@@ -186,9 +202,9 @@ def test_gpu_equals_the_oracle(spec, dtype):
         enc = jax.jit(jax.vmap(codec.encode))(jax.device_put(rows, gpu))
         dec = jax.jit(jax.vmap(lambda p, n=n: codec.decode(p, (n,), dt)))(enc.payload)
         total = jax.jit(lambda p, n=n: codec.decode_sum(p, n, dt))(enc.payload[:2])
-        want = [oracle_encode(r, codec.bits, codec.block) for r in rows]
+        want = [oracle(r, codec) for r in rows]
         assert np.asarray(enc.ok).tolist() == [w[1] for w in want]
-        decoded = [oracle_decode(w[0], n, codec.bits, codec.block, rows.dtype) for w in want]
+        decoded = [w[2] for w in want]
         for r in range(3):
             assert np.asarray(enc.payload[r]).tobytes() == want[r][0], f"n={n} row {r}"
             assert_same_bits(np.asarray(dec[r]), decoded[r])
@@ -250,6 +266,9 @@ def test_stochastic_rounding_is_unbiased_over_seeds(bits):
         ("q4:b8", Quant(4, 8)),
         ("q8:sr", Quant(8, stochastic=True)),
         ("q4:b128:sr7", Quant(4, 128, stochastic=True, seed=7)),
+        ("q4:h", Quant(4, rotate=True)),
+        (" Q8:B64:H ", Quant(8, 64, rotate=True)),
+        ("q4:b1024:h", Quant(4, 1024, rotate=True)),
     ],
 )
 def test_spec_round_trips(spec, codec):
@@ -269,6 +288,13 @@ def test_spec_round_trips(spec, codec):
         ("q8:srx", "'q8:srx'"),
         ("q8:sr-1", "seed -1"),
         ("q16", "'q16'"),
+        ("q4:b100:h", "block 100"),
+        ("q4:b32:h", "block 32"),
+        ("q4:b2048:h", "block 2048"),
+        ("q4:h:h", "'q4:h:h'"),
+        ("q4:h:b64", "'q4:h:b64'"),
+        ("q4:sr:h", "'q4:sr:h'"),
+        ("q4:hx", "'q4:hx'"),
     ],
 )
 def test_bad_spec_is_one_line_error_naming_it(spec, culprit):
@@ -329,7 +355,7 @@ from jaxhc.codecs import Quant
 digest = lambda a: hashlib.sha256(np.asarray(a).tobytes()).hexdigest()
 x = np.random.default_rng(7).standard_normal((3, 1 << 19)).astype(np.float32)
 out = {"threads": _native.cpu.threads()}
-for codec in (Quant(8), Quant(4, 64)):
+for codec in (Quant(8), Quant(4, 64), Quant(4, rotate=True)):
     enc = jax.jit(jax.vmap(codec.encode))(x)
     dec = jax.jit(lambda p: codec.decode(p, (x.shape[1],), jnp.float32))(enc.payload[0])
     total = jax.jit(lambda p: codec.decode_sum(p, x.shape[1], jnp.float32))(enc.payload)
@@ -346,6 +372,13 @@ def test_thread_counts_give_the_oracle_bytes():
         rt = [oracle_decode(oracle_encode(r, bits, block)[0], r.size, bits, block) for r in x]
         total = rt[0] + rt[1] + rt[2]
         want[spec] = [hashlib.sha256(a).hexdigest() for a in (p, rt[0].tobytes(), total.tobytes())]
+    levels, thresholds = _native.cpu.quant_levels(4)
+    p = rotated_encode(x[0], 4, 256, thresholds)[0]
+    rt = [
+        rotated_decode(rotated_encode(r, 4, 256, thresholds)[0], r.size, 4, 256, levels) for r in x
+    ]
+    total = rt[0] + rt[1] + rt[2]
+    want["q4:h"] = [hashlib.sha256(a).hexdigest() for a in (p, rt[0].tobytes(), total.tobytes())]
     for threads in (1, 3, 8):
         proc = subprocess.run(
             [sys.executable, "-c", CHILD],

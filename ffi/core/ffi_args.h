@@ -8,6 +8,7 @@
 
 #include "core/mpc.h"
 #include "core/quant.h"
+#include "core/quant_rotated.h"
 #include "core/rows.h"
 #include "core/zfp.h"
 #include "xla/ffi/api/ffi.h"
@@ -150,8 +151,13 @@ inline std::string check_rounding(int64_t stochastic, int64_t seed, Rounding* rn
   return "";
 }
 
-inline std::string check_params(int64_t bits, int64_t block) {
+inline std::string check_params(int64_t bits, int64_t block, int64_t rotate) {
   if (!valid_bits(bits)) return "bits " + std::to_string(bits) + " must be 8 or 4";
+  if (rotate != 0 && rotate != 1) return "rotate " + std::to_string(rotate) + " must be 0 or 1";
+  if (rotate && !valid_rotated_block(block))
+    return "block " + std::to_string(block) + " must be a power of two in " +
+           std::to_string(1 << kMinLog2Block) + ".." + std::to_string(1 << kMaxLog2Block) +
+           " (rotated)";
   if (!valid_block(block))
     return "block " + std::to_string(block) + " must be a multiple of 8 in 8.." +
            std::to_string(kMaxBlock);
@@ -160,18 +166,20 @@ inline std::string check_params(int64_t bits, int64_t block) {
 
 template <typename Dims>
 std::string check_rows(const Dims& values, const Dims& payload, const Dims* flags, int64_t bits,
-                       int64_t block, Rows* r) {
-  if (std::string err = check_params(bits, block); !err.empty()) return err;
-  auto bytes = [&](uint64_t n) { return payload_bytes(n, int(bits), uint64_t(block)); };
+                       int64_t block, int64_t rotate, Rows* r) {
+  if (std::string err = check_params(bits, block, rotate); !err.empty()) return err;
+  auto bytes = [&](uint64_t n) { return payload_bytes(n, int(bits), uint64_t(block), rotate); };
   return check_row_shapes(values, payload, flags, bytes,
-                          "at q" + std::to_string(bits) + " block " + std::to_string(block), r);
+                          "at q" + std::to_string(bits) + " block " + std::to_string(block) +
+                              (rotate ? " rotated" : ""),
+                          r);
 }
 
 inline std::string check_encode_args(xla::ffi::AnyBuffer x, xla::ffi::AnyBuffer payload,
                                      xla::ffi::AnyBuffer ok, int64_t bits, int64_t block,
-                                     Rows* r) {
+                                     int64_t rotate, Rows* r) {
   auto od = ok.dimensions();
-  std::string err = check_rows(x.dimensions(), payload.dimensions(), &od, bits, block, r);
+  std::string err = check_rows(x.dimensions(), payload.dimensions(), &od, bits, block, rotate, r);
   if (!err.empty()) return err;
   if (payload.element_type() != xla::ffi::DataType::U8 ||
       ok.element_type() != xla::ffi::DataType::PRED)
@@ -182,8 +190,8 @@ inline std::string check_encode_args(xla::ffi::AnyBuffer x, xla::ffi::AnyBuffer 
 
 // Payloads [..., parts, bytes] into values [..., n]; decode is parts = 1 without its dimension.
 inline std::string check_decode_args(xla::ffi::AnyBuffer payloads, xla::ffi::AnyBuffer x,
-                                     bool sum, int64_t bits, int64_t block, Rows* r,
-                                     uint64_t* parts) {
+                                     bool sum, int64_t bits, int64_t block, int64_t rotate,
+                                     Rows* r, uint64_t* parts) {
   std::string err;
   *parts = 1;
   if (sum) {
@@ -191,10 +199,11 @@ inline std::string check_decode_args(xla::ffi::AnyBuffer payloads, xla::ffi::Any
     err = split_sum_dims(payloads.dimensions(), x.dimensions(), &rows, &one, parts);
     if (err.empty())
       err = check_rows(one, rows, static_cast<const std::vector<int64_t>*>(nullptr), bits, block,
-                       r);
+                       rotate, r);
   } else {
     err = check_rows(x.dimensions(), payloads.dimensions(),
-                     static_cast<const xla::ffi::AnyBuffer::Dimensions*>(nullptr), bits, block, r);
+                     static_cast<const xla::ffi::AnyBuffer::Dimensions*>(nullptr), bits, block,
+                     rotate, r);
   }
   if (!err.empty()) return err;
   if (payloads.element_type() != xla::ffi::DataType::U8) return "payload must be uint8";

@@ -87,7 +87,7 @@ struct Rounding {
 };
 
 // A 32-bit integer hash with full avalanche (xor-shift / multiply rounds).
-JAXHC_HD uint32_t mix32(uint32_t h) {
+JAXHC_HD constexpr uint32_t mix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x7feb352du;
   h ^= h >> 15;

@@ -9,6 +9,7 @@
 
 #include "core/mpc.h"
 #include "core/quant.h"
+#include "core/quant_rotated.h"
 #include "core/zfp.h"
 #include "cpu/handlers.h"
 #include "cpu/parallel.h"
@@ -70,6 +71,35 @@ nb::object zfp_decode(nb::bytes stream, uint64_t n, bool f64, int maxbits, int d
   if (f64) return nb::cast(nb::ndarray<nb::numpy, double, nb::ndim<1>>(out, 1, shape, owner));
   return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, 1, shape, owner));
 }
+// The transform of the rotated block quantizers alone (cpu/quant_kernels.h hadamard_rows, on the
+// kernel JAXHC_QUANT_KERNEL picks): H x per block of int32 values, n a multiple of block.
+nb::object quant_hadamard(nb::ndarray<nb::numpy, nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu,
+                                      int32_t> x,
+                          uint64_t block) {
+  if (!jaxhc::quant::valid_rotated_block(static_cast<int64_t>(block)))
+    throw std::invalid_argument("quant_hadamard block " + std::to_string(block) +
+                                " must be a power of two in 64..1024");
+  uint64_t n = x.shape(0);
+  if (n % block) throw std::invalid_argument("quant_hadamard: n must be a multiple of block");
+  auto* out = new int32_t[n ? n : 1];
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  jaxhc::quant::hadamard_rows(jaxhc::quant::active_kernel(), x.data(), n, block, out);
+  size_t shape[1] = {n};
+  return nb::cast(nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(out, 1, shape, owner));
+}
+
+// The positive levels (integers of 2^-16) and the thresholds between them (float32) of the
+// rotated quantizers (core/quant_levels.h).
+nb::tuple quant_levels(int bits) {
+  if (bits != 8 && bits != 4) throw std::invalid_argument("quant_levels bits must be 8 or 4");
+  const int k = 1 << (bits - 1);
+  const int32_t* lv = bits == 8 ? jaxhc::quant::kLevels8 : jaxhc::quant::kLevels4;
+  const float* th = bits == 8 ? jaxhc::quant::kThresholds8 : jaxhc::quant::kThresholds4;
+  nb::list levels, thresholds;
+  for (int j = 0; j < k; j++) levels.append(lv[j]);
+  for (int j = 0; j + 1 < k; j++) thresholds.append(th[j]);
+  return nb::make_tuple(levels, thresholds);
+}
 }  // namespace
 
 NB_MODULE(_jaxhc_cpu, m) {
@@ -117,11 +147,17 @@ NB_MODULE(_jaxhc_cpu, m) {
       "ZFP kernels this CPU runs, fastest first (JAXHC_ZFP_KERNEL picks one; default the first).");
   m.def(
       "quant_payload_bytes",
-      [](uint64_t n, int bits, uint64_t block) {
-        return jaxhc::quant::payload_bytes(n, bits, block);
+      [](uint64_t n, int bits, uint64_t block, bool rotate) {
+        return jaxhc::quant::payload_bytes(n, bits, block, rotate);
       },
-      nb::arg("n"), nb::arg("bits"), nb::arg("block"),
-      "Bytes of a q8/q4 payload of n values: float32 scales, codes, zeros to a multiple of 8.");
+      nb::arg("n"), nb::arg("bits"), nb::arg("block"), nb::arg("rotate") = false,
+      "Bytes of a q8/q4 payload of n values: float32 scales, codes (rotated: of whole blocks), "
+      "zeros to a multiple of 8.");
+  m.def("quant_hadamard", &quant_hadamard, nb::arg("x"), nb::arg("block"),
+        "H x per block of int32 values by the transform of q8:h/q4:h (n a multiple of block).");
+  m.def("quant_levels", &quant_levels, nb::arg("bits"),
+        "(positive levels as integers of 2^-16, float32 thresholds between them) of the rotated "
+        "quantizers q8:h/q4:h.");
   m.def(
       "quant_kernels",
       []() {

@@ -1,5 +1,5 @@
-// CPU handlers of the block-quantization codecs q8/q4 (contracts in cpu/handlers.h), on the
-// kernels of cpu/quant_kernels.h.
+// CPU handlers of the block-quantization codecs q8/q4 and, rotated, q8:h/q4:h (contracts in
+// cpu/handlers.h), on the kernels of cpu/quant_kernels.h.
 #include <stdexcept>
 #include <string>
 
@@ -42,17 +42,27 @@ ffi::Error kernel(const char* op, Kernel* k) {
 
 ffi::Error QuantEncode(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
                        ffi::Result<ffi::AnyBuffer> ok, int64_t bits, int64_t block,
-                       int64_t stochastic, int64_t seed) {
+                       int64_t rotate, int64_t stochastic, int64_t seed) {
   const char* op = "jaxhc_quant_encode";
   Elem e;
   if (!elem_of(x.element_type(), &e)) return invalid(op, kTypes);
   Rows r;
   jaxhc::quant::Rounding rnd;
   std::string err = jaxhc::quant::check_rounding(stochastic, seed, &rnd);
-  if (err.empty()) err = jaxhc::quant::check_encode_args(x, *payload, *ok, bits, block, &r);
+  if (err.empty() && rotate == 1 && rnd.stochastic)
+    err = "stochastic rounding is not available for rotated blocks";
+  if (err.empty())
+    err = jaxhc::quant::check_encode_args(x, *payload, *ok, bits, block, rotate, &r);
   if (!err.empty()) return invalid(op, err);
   Kernel k;
   if (ffi::Error ke = kernel(op, &k); ke.failure()) return ke;
+  if (rotate) {
+    jaxhc::quant::encode_rotated_rows(k, x.untyped_data(), e, r.rows, r.n, static_cast<int>(bits),
+                                      static_cast<uint64_t>(block),
+                                      static_cast<uint8_t*>(payload->untyped_data()),
+                                      static_cast<bool*>(ok->untyped_data()));
+    return ffi::Error::Success();
+  }
   jaxhc::quant::encode_rows(k, x.untyped_data(), e, r.rows, r.n, static_cast<int>(bits),
                             static_cast<uint64_t>(block), rnd,
                             static_cast<uint8_t*>(payload->untyped_data()),
@@ -61,29 +71,31 @@ ffi::Error QuantEncode(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
 }
 
 ffi::Error Decode(const char* op, bool sum, ffi::AnyBuffer payload, ffi::AnyBuffer x, int64_t bits,
-                  int64_t block) {
+                  int64_t block, int64_t rotate) {
   Elem e;
   if (!elem_of(x.element_type(), &e)) return invalid(op, kTypes);
   Rows r;
   uint64_t parts = 1;
-  std::string err = jaxhc::quant::check_decode_args(payload, x, sum, bits, block, &r, &parts);
+  std::string err =
+      jaxhc::quant::check_decode_args(payload, x, sum, bits, block, rotate, &r, &parts);
   if (!err.empty()) return invalid(op, err);
   Kernel k;
   if (ffi::Error ke = kernel(op, &k); ke.failure()) return ke;
-  jaxhc::quant::decode_sum_rows(k, static_cast<const uint8_t*>(payload.untyped_data()),
+  auto rows = rotate ? jaxhc::quant::decode_sum_rotated_rows : jaxhc::quant::decode_sum_rows;
+  rows(k, static_cast<const uint8_t*>(payload.untyped_data()),
                                 static_cast<int>(parts), e, r.rows, r.n, static_cast<int>(bits),
                                 static_cast<uint64_t>(block), x.untyped_data());
   return ffi::Error::Success();
 }
 
 ffi::Error QuantDecode(ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x, int64_t bits,
-                       int64_t block) {
-  return Decode("jaxhc_quant_decode", false, payload, *x, bits, block);
+                       int64_t block, int64_t rotate) {
+  return Decode("jaxhc_quant_decode", false, payload, *x, bits, block, rotate);
 }
 
 ffi::Error QuantDecodeSum(ffi::AnyBuffer payloads, ffi::Result<ffi::AnyBuffer> x, int64_t bits,
-                          int64_t block) {
-  return Decode("jaxhc_quant_decode_sum", true, payloads, *x, bits, block);
+                          int64_t block, int64_t rotate) {
+  return Decode("jaxhc_quant_decode_sum", true, payloads, *x, bits, block, rotate);
 }
 
 }  // namespace
@@ -95,6 +107,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantEncodeCpu, QuantEncode,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("bits")
                                   .Attr<int64_t>("block")
+                                  .Attr<int64_t>("rotate")
                                   .Attr<int64_t>("stochastic")
                                   .Attr<int64_t>("seed"));
 
@@ -106,7 +119,8 @@ auto DecodeBinding() {
       .Arg<ffi::AnyBuffer>()
       .Ret<ffi::AnyBuffer>()
       .Attr<int64_t>("bits")
-      .Attr<int64_t>("block");
+      .Attr<int64_t>("block")
+      .Attr<int64_t>("rotate");
 }
 
 }  // namespace

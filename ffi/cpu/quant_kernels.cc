@@ -18,6 +18,8 @@
 #include "cpu/fp_mode.h"
 #include "cpu/memory.h"
 #include "cpu/parallel.h"
+#include "cpu/quant_avx2.h"
+#include "cpu/quant_rows.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -33,46 +35,6 @@ using E = Elems<T>;
 // --- AVX2 (with F16C): whole chunks of 32 (encode) or 8 (decode) values; the caller does the
 // rest with the scalar code, which rounds the same way.
 #if defined(__x86_64__)
-#define JAXHC_QUANT_AVX2 __attribute__((target("avx2,f16c")))
-
-// 8 values from p, widened to float32 exactly.
-JAXHC_QUANT_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-JAXHC_QUANT_AVX2 inline __m256 load8(const Bf16* p) {
-  __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-}
-JAXHC_QUANT_AVX2 inline __m256 load8(const F16* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// float32 values rounded to T (as E<T>::narrow: half to even), as float32 bit patterns of T's
-// values (bf16: the upper halves; f16: the widened values). Inputs are finite: decoded products.
-JAXHC_QUANT_AVX2 inline __m256i bf16_bits(__m256 v) {
-  __m256i u = _mm256_castps_si256(v);
-  __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)),
-                           16);
-}
-JAXHC_QUANT_AVX2 inline __m256 round8(__m256 v, float*) { return v; }
-JAXHC_QUANT_AVX2 inline __m256 round8(__m256 v, Bf16*) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v), 16));
-}
-JAXHC_QUANT_AVX2 inline __m256 round8(__m256 v, F16*) {
-  return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-// Stores 8 float32 values already rounded to T (round8) as T.
-JAXHC_QUANT_AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-JAXHC_QUANT_AVX2 inline void store8(Bf16* p, __m256 v) {
-  __m256i h = _mm256_srli_epi32(_mm256_castps_si256(v), 16);  // exact: already rounded
-  __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), w);
-}
-JAXHC_QUANT_AVX2 inline void store8(F16* p, __m256 v) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
 template <typename T>
 JAXHC_QUANT_AVX2 uint32_t amax_avx2(const T* x, uint64_t m, uint64_t* done) {
   const __m256i mask = _mm256_set1_epi32(0x7fffffff);
@@ -150,25 +112,7 @@ JAXHC_QUANT_AVX2 uint64_t decode_avx2(const uint8_t* codes, uint64_t m, float sc
   return i;
 }
 
-// out[i] = acc[i] rounded to T, for whole chunks of 8; returns the values done.
-template <typename T>
-JAXHC_QUANT_AVX2 uint64_t narrow_avx2(const float* acc, uint64_t m, T* out) {
-  uint64_t i = 0;
-  for (; i + 8 <= m; i += 8)
-    store8(out + i, round8(_mm256_loadu_ps(acc + i), static_cast<T*>(nullptr)));
-  return i;
-}
 #endif
-
-bool avx2_supported() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return yes;
-#else
-  return false;
-#endif
-}
 
 // --- one block (values [0, m) of x, codes of the block at `codes`), any element type ---------
 
@@ -219,34 +163,6 @@ void decode_block(Kernel k, const uint8_t* codes, uint64_t m, int bits, float sc
   }
 }
 
-// A row's layout.
-struct Row {
-  uint64_t n, block, blocks, bytes;
-  int bits;
-  Row(uint64_t n_, int bits_, uint64_t block_)
-      : n(n_),
-        block(block_),
-        blocks(blocks_of(n_, block_)),
-        bytes(payload_bytes(n_, bits_, block_)),
-        bits(bits_) {}
-  uint64_t size(uint64_t k) const { return std::min(block, n - k * block); }
-  uint8_t* codes(uint8_t* p) const { return p + 4 * blocks; }
-  const uint8_t* codes(const uint8_t* p) const { return p + 4 * blocks; }
-  uint64_t code_offset(uint64_t k) const { return k * block * bits / 8; }
-};
-
-// Calls fn(row, block) for every block of `rows` rows, split over the pool (caller's FP mode).
-template <typename Fn>
-void for_blocks(uint64_t rows, const Row& r, Fn&& fn) {
-  const uint64_t grain = std::max<uint64_t>(1, (uint64_t{1} << 16) / r.block);
-  const FpMode mode;
-  parallel_for(rows * r.blocks, grain, [&](size_t g0, size_t g1) {
-    mode.run([&] {
-      for (size_t g = g0; g < g1; g++) fn(g / r.blocks, g % r.blocks);
-    });
-  });
-}
-
 constexpr size_t kBuf = 4096;  // float32 sums per stack buffer
 
 template <typename T>
@@ -262,7 +178,7 @@ void encode_rows_t(Kernel k, const T* x, uint64_t rows, const Row& r, Rounding r
                       scales + kb, codes + r.code_offset(kb)))
       __atomic_store_n(&ok[row], false, __ATOMIC_RELAXED);
     if (kb + 1 == r.blocks) {
-      uint64_t used = 4 * r.blocks + code_bytes(r.n, r.bits);
+      const uint64_t used = r.used(false);
       std::memset(p + used, 0, r.bytes - used);
     }
   });
@@ -298,15 +214,6 @@ void decode_sum_rows_t(Kernel k, const uint8_t* payload, int parts, uint64_t row
   });
 }
 
-template <typename Fn>
-void with_elem(Elem e, Fn&& fn) {
-  switch (e) {
-    case Elem::kF32: return fn(float{});
-    case Elem::kBF16: return fn(Bf16{});
-    default: return fn(F16{});
-  }
-}
-
 }  // namespace
 
 const char* kernel_name(Kernel k) { return k == Kernel::kAvx2 ? "avx2" : "portable"; }
@@ -329,7 +236,7 @@ Kernel active_kernel() {
 
 void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, int bits,
                  uint64_t block, Rounding rnd, uint8_t* payload, bool* ok) {
-  const Row r(n, bits, block);
+  const Row r(n, bits, block, false);
   with_elem(type, [&](auto t) {
     using T = decltype(t);
     encode_rows_t(k, static_cast<const T*>(x), rows, r, rnd, payload, ok);
@@ -338,7 +245,7 @@ void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, 
 
 void decode_sum_rows(Kernel k, const uint8_t* payload, int parts, Elem type, uint64_t rows,
                      uint64_t n, int bits, uint64_t block, void* x) {
-  const Row r(n, bits, block);
+  const Row r(n, bits, block, false);
   with_elem(type, [&](auto t) {
     using T = decltype(t);
     decode_sum_rows_t(k, payload, parts, rows, r, static_cast<T*>(x));

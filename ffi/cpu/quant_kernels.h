@@ -1,6 +1,7 @@
-// Block-quantization kernels on host memory (the format of core/quant.h): what the CPU FFI
-// handlers run. Row r of x starts at x + r * n values, its payload at payload + r *
-// payload_bytes(n, bits, block) (8-byte aligned); bits is 8 or 4 and block valid_block.
+// Block-quantization kernels on host memory (the formats of core/quant.h and, rotated,
+// core/quant_rotated.h): what the CPU FFI handlers run. Row r of x starts at x + r * n values, its
+// payload at payload + r * payload_bytes(n, bits, block, rotate) (8-byte aligned); bits is 8 or 4
+// and block valid_block (rotated: valid_rotated_block).
 #pragma once
 #include <cstdint>
 
@@ -26,6 +27,16 @@ void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, 
 // float32 (the calling thread's floating-point mode), then rounded to `type`; parts = 1: decode.
 void decode_sum_rows(Kernel k, const uint8_t* payload, int parts, Elem type, uint64_t rows,
                      uint64_t n, int bits, uint64_t block, void* x);
+
+// The rotated codecs (q8:h, q4:h; cpu/quant_rotated.cc), as encode_rows (round to the nearest
+// level only) and decode_sum_rows. ok: every value finite and below 2^116 in magnitude.
+void encode_rotated_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, int bits,
+                         uint64_t block, uint8_t* payload, bool* ok);
+void decode_sum_rotated_rows(Kernel k, const uint8_t* payload, int parts, Elem type,
+                             uint64_t rows, uint64_t n, int bits, uint64_t block, void* x);
+// The transform alone: y = H x per block of int32 values (n a multiple of block), exact while
+// block * max |x| < 2^31.
+void hadamard_rows(Kernel k, const int32_t* x, uint64_t n, uint64_t block, int32_t* y);
 
 }  // namespace quant
 }  // namespace jaxhc

@@ -1,12 +1,17 @@
-// CUDA handlers of the block-quantization codecs q8/q4: the arithmetic of ffi/core/quant.h on the
-// device, run on XLA's stream with no allocation and no synchronization (contracts in
-// cpu/handlers.h).
+// CUDA handlers of the block-quantization codecs q8/q4 and, rotated, q8:h/q4:h: the arithmetic of
+// ffi/core/quant.h and quant_rotated.h on the device, run on XLA's stream with no allocation and
+// no synchronization (contracts in cpu/handlers.h).
 //
 // Encode runs one warp per block: the lanes take the largest |x| bits of the block (a warp max),
 // lane 0 stores the scale, and the lanes write the code bytes (one or two values each); the warp
 // of a row's last block zeroes the padding (stochastic rounding: the draws of core/quant.h). Decode and decode-and-sum run one thread per value;
 // decode-and-sum adds the P decoded values (each rounded to the output type first) in rank
 // order. Products use __fmul_rn, which is never contracted into an FMA.
+//
+// Rotated blocks run one warp per block, lane j holding values r * 32 + j (a team of
+// core/quant_rotated.h: the lane stages of the transform are shuffles, the row stages adds in
+// registers); the warp's thresholds sit in shared memory for the codes' binary search, and
+// decoding reads the levels from a shared copy.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -14,6 +19,7 @@
 
 #include "core/ffi_args.h"
 #include "core/quant.h"
+#include "core/quant_rotated.h"
 #include "cuda/handlers.h"
 #include "cuda/launch.h"
 
@@ -102,6 +108,134 @@ __global__ void decode_sum_kernel(const uint8_t* payload, uint64_t parts, T* x, 
   }
 }
 
+// --- rotated blocks ----------------------------------------------------------------------------
+
+// The 32 lanes of a warp (core's ScalarTeam for the row arithmetic).
+struct WarpTeam : q::ScalarTeam {
+  static constexpr int kLanes = 32, kGroup = 32;
+  static JAXHC_HD V lane_butterfly(V v, int h) {
+#if defined(__CUDA_ARCH__)
+    const V p = __shfl_xor_sync(0xffffffffu, v, h);
+    return (threadIdx.x & h) ? p - v : v + p;
+#else
+    return v + h;  // host pass only: never run
+#endif
+  }
+  static JAXHC_HD double lane_total(D d) {
+#if defined(__CUDA_ARCH__)
+    for (int o = 16; o; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);  // exact sums
+#endif
+    return d;
+  }
+};
+
+// The first warp of this thread and the warps of the grid.
+__device__ uint64_t first_warp() {
+  return (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) / 32;
+}
+__device__ uint64_t grid_warps() { return static_cast<uint64_t>(gridDim.x) * blockDim.x / 32; }
+
+template <typename T, int B, int bits>
+__global__ void rot_encode_kernel(const T* x, uint8_t* payload, bool* ok, Layout L) {
+  using E = jaxhc::Elems<T>;
+  constexpr int R = B / 32, half = 1 << (bits - 1), nbytes = B * bits / 8;
+  __shared__ int32_t thr_all[jaxhc::cuda::kThreads / 32][half];
+  const int lane = threadIdx.x % 32;
+  int32_t* thr = thr_all[threadIdx.x / 32];
+  const float* t = bits == 8 ? q::kThresholds8 : q::kThresholds4;
+  for (uint64_t w = first_warp(); w < L.r.rows * L.blocks; w += grid_warps()) {
+    const uint64_t row = w / L.blocks, k = w % L.blocks, first = k * B;
+    const uint64_t m = L.r.n - first < B ? L.r.n - first : B;
+    const T* xb = x + row * L.r.n + first;
+    float f[R];
+    uint32_t a = 0;
+    for (int r = 0; r < R; r++) {
+      const uint32_t i = r * 32 + lane;
+      f[r] = i < m ? E::widen(xb[i]) : 0.0f;
+      a = max(a, q::abs_bits(f[r]));
+    }
+    for (int off = 16; off; off /= 2) a = max(a, __shfl_xor_sync(0xffffffffu, a, off));
+    uint8_t* p = payload + row * L.r.bytes;
+    uint8_t* codes = p + 4 * L.blocks + first * bits / 8;
+    if (a >= q::kHugeBits || a < q::kTinyRotBits) {  // not ok, or (nearly) all zeros
+      if (lane == 0) {
+        reinterpret_cast<float*>(p)[k] = 0.0f;
+        if (a >= q::kHugeBits) ok[row] = false;  // initialized to true
+      }
+      for (int j = lane; j < nbytes; j += 32) codes[j] = 0;
+    } else {
+      const float factor = q::fixed_factor(a);
+      int32_t v[R];
+      for (int r = 0; r < R; r++) v[r] = q::to_fixed(f[r], factor, q::negated(r * 32 + lane));
+      const double sigma = q::sqrt_rn(q::sum_squares<WarpTeam, R>(v));
+      q::fwht<WarpTeam, R>(v);
+      if (lane == 0) reinterpret_cast<float*>(p)[k] = q::block_scale(sigma, q::log2_of(B), a);
+      for (int j = lane; j < half; j += 32) thr[j] = q::fixed_threshold(t, j, bits, sigma);
+      __syncwarp();
+      for (int r = 0; r < R; r++) {
+        const int c = q::code_of(v[r], thr, bits);
+        if (bits == 8) {
+          codes[r * 32 + lane] = static_cast<uint8_t>(c);
+        } else {
+          const int hi = __shfl_down_sync(0xffffffffu, c, 1);
+          if (!(lane & 1)) codes[(r * 32 + lane) / 2] = static_cast<uint8_t>(c | hi << 4);
+        }
+      }
+      __syncwarp();  // thr is the next block's
+    }
+    if (k + 1 == L.blocks) {
+      const uint64_t used = 4 * L.blocks + L.blocks * nbytes;
+      for (uint64_t b = used + lane; b < L.r.bytes; b += 32) p[b] = 0;
+    }
+  }
+}
+
+// payload: rows x parts payloads (parts = 1: decode); each value rounded to T before it is added.
+template <typename T, int B, int bits>
+__global__ void rot_decode_sum_kernel(const uint8_t* payload, uint64_t parts, T* x, Layout L) {
+  using E = jaxhc::Elems<T>;
+  constexpr int R = B / 32, half = 1 << (bits - 1);
+  __shared__ int32_t levels[half];
+  const int32_t* table = bits == 8 ? q::kLevels8 : q::kLevels4;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) levels[j] = table[j];
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  for (uint64_t w = first_warp(); w < L.r.rows * L.blocks; w += grid_warps()) {
+    const uint64_t row = w / L.blocks, k = w % L.blocks, first = k * B;
+    const uint64_t m = L.r.n - first < B ? L.r.n - first : B;
+    float acc[R];
+    for (uint64_t part = 0; part < parts; part++) {
+      const uint8_t* p = payload + (row * parts + part) * L.r.bytes;
+      const float s = reinterpret_cast<const float*>(p)[k];
+      const uint8_t* codes = p + 4 * L.blocks + first * bits / 8;
+      float out[R];
+      if (!q::valid_scale(s)) {  // the same for the whole warp
+        for (int r = 0; r < R; r++) out[r] = 0.0f;
+      } else {
+        int32_t v[R];
+        for (int r = 0; r < R; r++) {
+          const uint32_t i = r * 32 + lane;
+          const int c = bits == 8 ? codes[i] : (codes[i / 2] >> 4 * (i & 1)) & 0xf;
+          v[r] = q::level_of(c, levels, bits);
+        }
+        q::fwht<WarpTeam, R>(v);
+        for (int r = 0; r < R; r++)
+          out[r] = E::widen(E::narrow(q::decoded(v[r], s, q::negated(r * 32 + lane))));
+      }
+      for (int r = 0; r < R; r++) acc[r] = part ? __fadd_rn(acc[r], out[r]) : out[r];
+    }
+    T* xb = x + row * L.r.n + first;
+    for (int r = 0; r < R; r++)
+      if (r * 32 + lane < m) xb[r * 32 + lane] = E::narrow(acc[r]);
+  }
+}
+
+template <typename Fn>
+void with_bits(int64_t bits, Fn&& fn) {
+  if (bits == 8) return fn(q::IntTag<8>{});
+  fn(q::IntTag<4>{});
+}
+
 constexpr const char* kTypes = "values must be float32, bfloat16 or float16";
 
 Layout layout(const Rows& r, int64_t bits, int64_t block, q::Rounding rnd = {}) {
@@ -111,7 +245,7 @@ Layout layout(const Rows& r, int64_t bits, int64_t block, q::Rounding rnd = {}) 
 
 ffi::Error QuantEncode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> payload,
                        ffi::Result<ffi::AnyBuffer> ok, int64_t bits, int64_t block,
-                       int64_t stochastic, int64_t seed) {
+                       int64_t rotate, int64_t stochastic, int64_t seed) {
   const char* op = "jaxhc_quant_encode";
   ffi::Error result = ffi::Error::Success();
   bool known = jaxhc::cuda::with_elem<false>(x.element_type(), [&](auto t) {
@@ -119,48 +253,68 @@ ffi::Error QuantEncode(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::A
     Rows r;
     q::Rounding rnd;
     std::string err = q::check_rounding(stochastic, seed, &rnd);
-    if (err.empty()) err = q::check_encode_args(x, *payload, *ok, bits, block, &r);
+    if (err.empty() && rotate == 1 && rnd.stochastic)
+      err = "stochastic rounding is not available for rotated blocks";
+    if (err.empty()) err = q::check_encode_args(x, *payload, *ok, bits, block, rotate, &r);
     if (!err.empty()) return void(result = invalid(op, err));
     if (cudaMemsetAsync(ok->untyped_data(), 1, r.rows, stream) != cudaSuccess)
       return void(result = launched(op));
     const Layout L = layout(r, bits, block, rnd);
     uint64_t items = 32 * r.rows * L.blocks;
-    if (items)
-      encode_kernel<T><<<grid_for(items), kThreads, 0, stream>>>(
-          static_cast<const T*>(x.untyped_data()), static_cast<uint8_t*>(payload->untyped_data()),
-          static_cast<bool*>(ok->untyped_data()), L);
+    const T* xs = static_cast<const T*>(x.untyped_data());
+    auto* ps = static_cast<uint8_t*>(payload->untyped_data());
+    auto* oks = static_cast<bool*>(ok->untyped_data());
+    if (items && rotate) {
+      q::with_block(block, [&](auto b) {
+        with_bits(bits, [&](auto n) {
+          rot_encode_kernel<T, decltype(b)::value, decltype(n)::value>
+              <<<grid_for(items), kThreads, 0, stream>>>(xs, ps, oks, L);
+        });
+      });
+    } else if (items) {
+      encode_kernel<T><<<grid_for(items), kThreads, 0, stream>>>(xs, ps, oks, L);
+    }
     result = launched(op);
   });
   return known ? std::move(result) : invalid(op, kTypes);
 }
 
 ffi::Error Decode(const char* op, bool sum, cudaStream_t stream, ffi::AnyBuffer payload,
-                  ffi::AnyBuffer x, int64_t bits, int64_t block) {
+                  ffi::AnyBuffer x, int64_t bits, int64_t block, int64_t rotate) {
   ffi::Error result = ffi::Error::Success();
   bool known = jaxhc::cuda::with_elem<false>(x.element_type(), [&](auto t) {
     using T = decltype(t);
     Rows r;
     uint64_t parts = 1;
-    std::string err = q::check_decode_args(payload, x, sum, bits, block, &r, &parts);
+    std::string err = q::check_decode_args(payload, x, sum, bits, block, rotate, &r, &parts);
     if (!err.empty()) return void(result = invalid(op, err));
-    uint64_t items = r.rows * r.n;
-    if (items)
-      decode_sum_kernel<T><<<grid_for(items), kThreads, 0, stream>>>(
-          static_cast<const uint8_t*>(payload.untyped_data()), parts,
-          static_cast<T*>(x.untyped_data()), layout(r, bits, block));
+    const auto* ps = static_cast<const uint8_t*>(payload.untyped_data());
+    T* xs = static_cast<T*>(x.untyped_data());
+    const Layout L = layout(r, bits, block);
+    if (rotate && r.rows * L.blocks) {
+      q::with_block(block, [&](auto b) {
+        with_bits(bits, [&](auto n) {
+          rot_decode_sum_kernel<T, decltype(b)::value, decltype(n)::value>
+              <<<grid_for(32 * r.rows * L.blocks), kThreads, 0, stream>>>(ps, parts, xs, L);
+        });
+      });
+    } else if (!rotate && r.rows * r.n) {
+      decode_sum_kernel<T><<<grid_for(r.rows * r.n), kThreads, 0, stream>>>(ps, parts, xs, L);
+    }
     result = launched(op);
   });
   return known ? std::move(result) : invalid(op, kTypes);
 }
 
 ffi::Error QuantDecode(cudaStream_t stream, ffi::AnyBuffer payload, ffi::Result<ffi::AnyBuffer> x,
-                       int64_t bits, int64_t block) {
-  return Decode("jaxhc_quant_decode", false, stream, payload, *x, bits, block);
+                       int64_t bits, int64_t block, int64_t rotate) {
+  return Decode("jaxhc_quant_decode", false, stream, payload, *x, bits, block, rotate);
 }
 
 ffi::Error QuantDecodeSum(cudaStream_t stream, ffi::AnyBuffer payloads,
-                          ffi::Result<ffi::AnyBuffer> x, int64_t bits, int64_t block) {
-  return Decode("jaxhc_quant_decode_sum", true, stream, payloads, *x, bits, block);
+                          ffi::Result<ffi::AnyBuffer> x, int64_t bits, int64_t block,
+                          int64_t rotate) {
+  return Decode("jaxhc_quant_decode_sum", true, stream, payloads, *x, bits, block, rotate);
 }
 
 }  // namespace
@@ -173,6 +327,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcQuantEncodeCuda, QuantEncode,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("bits")
                                   .Attr<int64_t>("block")
+                                  .Attr<int64_t>("rotate")
                                   .Attr<int64_t>("stochastic")
                                   .Attr<int64_t>("seed"));
 
@@ -185,7 +340,8 @@ auto DecodeBinding() {
       .Arg<ffi::AnyBuffer>()
       .Ret<ffi::AnyBuffer>()
       .Attr<int64_t>("bits")
-      .Attr<int64_t>("block");
+      .Attr<int64_t>("block")
+      .Attr<int64_t>("rotate");
 }
 
 }  // namespace

@@ -20,8 +20,9 @@ class Encoded(NamedTuple):
 
     payload: uint8[..., payload_bytes] -- the bytes a transport moves; its size is static.
     ok:      bool[...] -- the payload decodes within the codec's promise: for a lossy codec the
-             input was finite, for a budgeted lossless codec the data fit the budget. Collectives
-             fall back to raw transfer for the whole call when any participant is not ok.
+             input was finite (rotated q8:h/q4:h: and below 2^116 in magnitude), for a budgeted
+             lossless codec the data fit the budget. Collectives fall back to raw transfer
+             for the whole call when any participant is not ok.
     nbytes:  int32[...] -- bytes of the payload that carry data (all of it for fixed-rate codecs).
     """
 

@@ -1,5 +1,6 @@
 """Block quantization (lossy, fixed size): an absmax scale per block of values and 8- or 4-bit
-codes, as XLA FFI custom calls (the format is defined once in ffi/core/quant.h)."""
+codes, or, rotated, a Hadamard transform of each block and Gaussian levels scaled by its RMS, as
+XLA FFI custom calls (the formats are defined once in ffi/core/quant.h and quant_rotated.h)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ BITS = (8, 4)
 DEFAULT_BLOCK = 256
 MAX_BLOCK = 1 << 20
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+ROTATED_BLOCKS = (64, 128, 256, 512, 1024)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,19 @@ class Quant(FixedSizeCodec):
     the value's index and its bits (ffi/core/quant.h): reproducible, the same on every platform.
     The payload format and decoding are unchanged; encoding runs the scalar code on CPU.
 
+    ``rotate=True`` (spec ``q4:h``, ``q8:b128:h``; block a power of two in 64..1024) codes each
+    block after a fixed randomized Hadamard transform (sign flips the same on every rank, then
+    the fast Walsh-Hadamard transform), which spreads an outlier over the block and makes its
+    values near-Gaussian; they are coded with the 2^bits Lloyd-Max levels of a standard normal
+    scaled by the block's RMS (one float32 per block), and the decoder transforms back. On
+    Gaussian-like blocks that is the least squared error any 16 (256) fixed levels give: 0.82x
+    plain q4's error (0.98x plain q8's) on jaxhc's GPT gradients at 256 values per block, 0.55x at
+    1024, and no block's error depends on its largest value. The last block is padded to a whole
+    block of codes. A block whose largest value is below 2^-96 codes as zeros; a value of 2^116
+    or more, like NaN/Inf, makes ``ok`` False (the collectives send such a message raw). The
+    transform is exact (integers), so every platform gives the same bytes. Format:
+    ffi/core/quant_rotated.h; users' notes: docs/codecs.md.
+
     >>> import jax.numpy as jnp
     >>> from jaxhc.codecs import Quant
     >>> codec = Quant(bits=8)
@@ -50,6 +65,7 @@ class Quant(FixedSizeCodec):
     block: int = DEFAULT_BLOCK
     stochastic: bool = False
     seed: int = 0
+    rotate: bool = False
     kernel = "quant"
     dtypes = DTYPES
 
@@ -66,12 +82,22 @@ class Quant(FixedSizeCodec):
             raise ValueError(f"quant block {block!r} must be an integer")
         if not (8 <= block <= MAX_BLOCK and block % 8 == 0):
             raise ValueError(f"quant block {block} must be a multiple of 8 in 8..{MAX_BLOCK}")
+        if not isinstance(self.rotate, bool):
+            raise ValueError(f"quant rotate {self.rotate!r} must be true or false")
+        if self.rotate and block not in ROTATED_BLOCKS:
+            raise ValueError(
+                f"quant block {block} must be a power of two in 64..1024 for a rotated (:h) codec"
+            )
+        if self.rotate and self.stochastic:
+            raise ValueError("quant rotate and stochastic rounding do not combine (:h or :sr)")
 
     @property
     def spec(self) -> str:
         suffix = "" if self.block == DEFAULT_BLOCK else f":b{self.block}"
         if self.stochastic:
             suffix += ":sr" + (str(self.seed) if self.seed else "")
+        if self.rotate:
+            suffix += ":h"
         return f"q{self.bits}{suffix}"
 
     @property
@@ -81,7 +107,8 @@ class Quant(FixedSizeCodec):
 
     @property
     def bits_per_value(self) -> float:
-        """Payload bits per value of long rows (the scale included, the 8-byte padding not)."""
+        """Payload bits per value of long rows (the scale included, the padding of the last block
+        and the 8-byte padding not)."""
         return self.bits + 32 / self.block
 
     @property
@@ -90,29 +117,32 @@ class Quant(FixedSizeCodec):
 
     def payload_bytes(self, n: int, dtype=jnp.float32) -> int:
         self.check_dtype(dtype)
-        return int(_native.cpu.quant_payload_bytes(int(n), self.bits, self.block))
+        return int(_native.cpu.quant_payload_bytes(int(n), self.bits, self.block, self.rotate))
 
     def ffi_attrs(self, dtype) -> dict:
         self.check_dtype(dtype)
-        return {"bits": self.bits, "block": self.block}
+        return {"bits": self.bits, "block": self.block, "rotate": int(self.rotate)}
 
     def encode_attrs(self, dtype) -> dict:
         return {**self.ffi_attrs(dtype), "stochastic": int(self.stochastic), "seed": self.seed}
 
 
 def parse_quant(name: str, args: list[str]) -> Quant:
-    """``q8`` / ``q4`` with an optional ``b<block>`` and then an optional ``sr[<seed>]`` argument
-    (the spec grammar's quant part)."""
+    """``q8`` / ``q4`` with an optional ``b<block>`` and then an optional ``sr[<seed>]`` or ``h``
+    argument (the spec grammar's quant part)."""
     bits = int(name[1:])
-    block, stochastic, seed = DEFAULT_BLOCK, False, 0
+    block, stochastic, seed, rotate = DEFAULT_BLOCK, False, 0, False
     rest = list(args)
     if rest and rest[0].startswith("b"):
         block = int(rest.pop(0)[1:])
     if rest and rest[0].startswith("sr"):
         stochastic, digits = True, rest.pop(0)[2:]
         seed = int(digits) if digits else 0
+    elif rest and rest[0] == "h":
+        rotate = bool(rest.pop(0))
     if rest:
         raise ValueError(
-            f"use '{name}[:b<block>][:sr[<seed>]]', e.g. '{name}:b128' or '{name}:sr7'"
+            f"use '{name}[:b<block>][:sr[<seed>]|:h]', e.g. '{name}:b128', '{name}:sr7' or "
+            f"'{name}:h'"
         )
-    return Quant(bits=bits, block=block, stochastic=stochastic, seed=seed)
+    return Quant(bits=bits, block=block, stochastic=stochastic, seed=seed, rotate=rotate)

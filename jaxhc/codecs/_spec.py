@@ -1,5 +1,5 @@
 """Codec spec strings: "none", "zfp:8", "zfp:12.5", "zfp:8:d3", "mpc", "mpc:0.8", "mpc:0.8:dim=2",
-"q8", "q4", "q8:b128", "q8:sr", "q4:b128:sr7"."""
+"q8", "q4", "q8:b128", "q8:sr", "q4:b128:sr7", "q4:h", "q8:b512:h"."""
 
 from __future__ import annotations
 
@@ -52,5 +52,5 @@ def parse(spec: CodecLike) -> Codec | None:
         raise ValueError(f"bad codec spec {spec!r}: {e}") from None
     raise ValueError(
         f"bad codec spec {spec!r}: use 'none', 'zfp:<rate>[:d2|:d3]', 'mpc[:<budget>][:dim=<d>]', "
-        "'q8[:b<block>][:sr[<seed>]]' or 'q4[...]'"
+        "'q8[:b<block>][:sr[<seed>]|:h]' or 'q4[...]'"
     )
