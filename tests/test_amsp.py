@@ -218,6 +218,7 @@ def test_a_device_holds_its_parameter_chunk_only():
     assert not np.array_equal(blocks[0], blocks[1])
 
 
+@pytest.mark.slow  # CI time: the quick suite keeps the bit-exact plan tests
 def test_zero_3_moves_the_bytes_of_its_collectives_and_holds_one_gathered_copy():
     """ZeRO-3 (4, 4, 4) with pipe 2 and ``gather: whole``: per device and step the parameters
     are all-gathered once
@@ -379,6 +380,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow  # CI time: the quick suite keeps the bit-exact plan tests
 def test_a_compressed_nested_plan_trains_within_its_codecs_fidelity(tmp_path):
     """zfp:8 on the data sub-axes (every message): data.1 carries the compressed gradients at
     ~8/32 of their raw bytes; the sampled fidelity of the reduction and the losses stay close to
