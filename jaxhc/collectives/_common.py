@@ -10,7 +10,7 @@ from jax import lax
 
 from jaxhc import accounting, context
 from jaxhc._compat import axis_tuple, check_vma_enabled, linear_call, make_varying
-from jaxhc.codecs import Codec, CodecLike, Identity, Mpc, parse
+from jaxhc.codecs import Codec, CodecLike, parse
 from jaxhc.transport import current as transport
 
 # Compressed chunks are padded to a multiple of ZFP's 1-D block so no chunk has a partial one (in
@@ -98,7 +98,7 @@ def differentiable(x) -> bool:
 
 def may_fail(codec: Codec) -> bool:
     """Whether `codec.encode` can report not-ok (then the call needs an agreement round)."""
-    return not (isinstance(codec, Identity) or (isinstance(codec, Mpc) and codec.budget is None))
+    return codec.may_fail
 
 
 def encode_rows(codec: Codec, rows: jax.Array):

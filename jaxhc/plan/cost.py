@@ -84,7 +84,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxhc.codecs import Codec, Mpc, Zfp, parse
+from jaxhc.codecs import Codec, parse
 from jaxhc.collectives import _common as cc
 from jaxhc.plan.cluster import Cluster
 from jaxhc.plan.shapes import ModelShape
@@ -492,9 +492,10 @@ def collectives(
 
 
 def _fused(lay: Layout, codec, op: str, feedback: bool) -> bool:
-    """Whether the MPI transport runs this compressed collective as one fused native call (ZFP
-    and MPC; error feedback takes jaxhc's own algorithm, which needs the decoded payloads)."""
-    native = isinstance(codec, (Zfp, Mpc))
+    """Whether the MPI transport runs this compressed collective as one fused native call (the
+    codecs with a `native_call`: ZFP and MPC; error feedback takes jaxhc's own algorithm, which
+    needs the decoded payloads)."""
+    native = codec is not None and codec.native_call(jnp.float32) is not None
     return lay.transport == "mpi" and native and op in FUSED_OPS and not feedback
 
 
