@@ -29,7 +29,7 @@ from mpi4py import MPI  # noqa: E402
 
 import jaxhc  # noqa: E402
 from jaxhc.collectives import started  # noqa: E402
-from jaxhc.launch._blocks import local_block  # noqa: E402
+from jaxhc.partition import local_block  # noqa: E402
 from jaxhc.transport import _mpi_fused  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
