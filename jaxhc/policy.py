@@ -358,7 +358,7 @@ PRESETS: dict[str, dict] = {
 }
 # The hybrids with error feedback on the data-parallel gradients, their ZFP in 3-D blocks (64
 # values per exponent): the same bits as 1-D, ~3x less error on gradients and activations; over
-# three seeds it took the hybrids' loss gap to none within 0.5 % (README, "Error feedback").
+# three seeds it took the hybrids' loss gap to none within 0.5 % (docs/benchmarks.md, the sweep).
 _EF = {"codec": "zfp", "rate": 8, "dims": 3, "error_feedback": True}
 _ZFP16_D3 = {"codec": "zfp", "rate": 16, "dims": 3, "bfloat16": "zfp:12:d3", "float16": "zfp:12:d3"}
 PRESETS["mzhybrid_ef"] = {"axes": {**PRESETS["mzhybrid"]["axes"], "data": _EF}}

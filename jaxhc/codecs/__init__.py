@@ -11,8 +11,19 @@ from jaxhc.codecs._base import Encoded as Encoded
 from jaxhc.codecs._identity import Identity as Identity
 from jaxhc.codecs._mpc import Mpc as Mpc
 from jaxhc.codecs._quant import Quant as Quant
+from jaxhc.codecs._spec import SPEC_FORMS as SPEC_FORMS
 from jaxhc.codecs._spec import CodecLike as CodecLike
 from jaxhc.codecs._spec import parse as parse
 from jaxhc.codecs._zfp import Zfp as Zfp
 
-__all__ = ["Codec", "CodecLike", "Encoded", "Identity", "Mpc", "Quant", "Zfp", "parse"]
+__all__ = [
+    "Codec",
+    "CodecLike",
+    "Encoded",
+    "Identity",
+    "Mpc",
+    "Quant",
+    "SPEC_FORMS",
+    "Zfp",
+    "parse",
+]
