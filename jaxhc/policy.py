@@ -39,6 +39,14 @@ rotated blocks, ``q4:h``), budget:, dim:}``,
 or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``, but
 for the sub-axes ``data.0``, ``data.1``, ... of a nested data axis (`jaxhc.parallel.amsp`), which
 take the entry of ``data`` unless they have their own (e.g. a lighter codec inside a node).
+
+The traffic kinds, the dtype keys and the shipped presets:
+
+>>> from jaxhc.policy import DTYPES, KINDS, PRESETS
+>>> KINDS, DTYPES
+(('grad', 'param', 'act'), ('float32', 'bfloat16', 'float16', 'float64'))
+>>> "zhybrid" in PRESETS and jaxhc.Policy.preset("zhybrid").codec_for("data", "grad").spec
+'zfp:8'
 """
 
 from __future__ import annotations
@@ -64,7 +72,12 @@ _SAMPLE = 1 << 20
 
 @dataclasses.dataclass(frozen=True)
 class AxisPolicy:
-    """The codec of one mesh axis (None: plain lax) and its per-kind overrides."""
+    """The codec of one mesh axis (None: plain lax) and its per-kind overrides.
+
+    >>> data = dict(jaxhc.Policy.preset("q4_ef").axes)["data"]
+    >>> data.codec_for("grad").spec, data.codec_for("param").spec, data.error_feedback
+    ('q4:h', 'q8', True)
+    """
 
     codec: Codec | None
     overrides: tuple[tuple[str, Codec | None], ...] = ()

@@ -28,7 +28,7 @@ def parse(spec: CodecLike) -> Codec | None:
     >>> parse("zfp:8"), parse("zfp:8:d3"), parse("mpc:0.8")
     (Zfp(rate=8.0, dims=1), Zfp(rate=8.0, dims=3), Mpc(dim=1, budget=0.8))
     >>> parse("none"), parse("q8:b128:sr")
-    (Identity(), Quant(bits=8, block=128, stochastic=True, seed=0))
+    (Identity(), Quant(bits=8, block=128, stochastic=True, seed=0, rotate=False))
     """
     if spec is None or isinstance(spec, Codec):
         return spec
