@@ -17,6 +17,7 @@ of `SPEC_FORMS`, or None (the plain collective).
 
 from jaxhc.codecs._base import Codec as Codec
 from jaxhc.codecs._base import Encoded as Encoded
+from jaxhc.codecs._base import NativeCall as NativeCall
 from jaxhc.codecs._identity import Identity as Identity
 from jaxhc.codecs._mpc import Mpc as Mpc
 from jaxhc.codecs._quant import Quant as Quant
@@ -31,6 +32,7 @@ __all__ = [
     "Encoded",
     "Identity",
     "Mpc",
+    "NativeCall",
     "Quant",
     "SPEC_FORMS",
     "Zfp",
