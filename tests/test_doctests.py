@@ -20,6 +20,7 @@ MODULES = [
     "jaxhc.context",
     "jaxhc.host_memory",
     "jaxhc.launch",
+    "jaxhc.partition",
     "jaxhc.policy",
     "jaxhc.transport",
 ]

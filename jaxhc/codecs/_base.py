@@ -40,6 +40,12 @@ class NativeCall(NamedTuple):
 
     family: "zfp" or "mpc"; maxbits: ZFP's bits per block (0 for MPC); dim: ZFP's dimensions or
     MPC's word stride; budget: MPC's payload budget as a fraction of the raw bytes (0: none).
+
+    >>> from jaxhc.codecs import parse
+    >>> parse("zfp:8").native_call(jnp.float32)
+    NativeCall(family='zfp', maxbits=32, dim=1, budget=0.0)
+    >>> parse("q8").native_call(jnp.float32) is None       # not taken by the fused engine
+    True
     """
 
     family: str
