@@ -21,6 +21,7 @@ MODULES = [
     "jaxhc.host_memory",
     "jaxhc.launch",
     "jaxhc.partition",
+    "jaxhc.plan",
     "jaxhc.policy",
     "jaxhc.transport",
 ]
