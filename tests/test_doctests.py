@@ -18,6 +18,7 @@ MODULES = [
     "jaxhc.codecs",
     "jaxhc.collectives",
     "jaxhc.context",
+    "jaxhc.data",
     "jaxhc.host_memory",
     "jaxhc.launch",
     "jaxhc.partition",
