@@ -66,6 +66,22 @@ class Transport(abc.ABC):
         """((P, *x.shape) every rank's decoded x, wire bytes, fell back)."""
         raise NotImplementedError
 
+    # Started collectives: the fused ones begun in one place and finished in another, the bytes
+    # moving in between while the program computes (the MPI transport's progress threads).
+    def can_start(self, codec, dtype, axis_name) -> bool:
+        """Whether `start` / `done` take this call (over more than one rank) and overlap it
+        with what runs in between."""
+        return False
+
+    def start(self, op: str, x: jax.Array, axis_name, codec) -> jax.Array:
+        """Start the fused `op` ("psum", "psum_scatter" of rows laid end to end, "all_gather")
+        of the 1-D `x`: a handle for `done`."""
+        raise NotImplementedError
+
+    def done(self, handle: jax.Array, size: int, dtype):
+        """(the started call's `size` values, wire bytes, fell back), once it has finished."""
+        raise NotImplementedError
+
     # Raw collectives with `jax.lax` semantics: the fallback path and the codec=None path.
     @abc.abstractmethod
     def psum(self, x, axis_name): ...
