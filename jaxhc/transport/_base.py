@@ -8,7 +8,15 @@ import jax
 
 
 class Transport(abc.ABC):
-    """Collectives over a named mesh axis, as the per-shard program sees them."""
+    """Collectives over a named mesh axis, as the per-shard program sees them.
+
+    jaxhc's algorithms are written against this interface; `XlaTransport` and `MpiTransport`
+    implement it.
+
+    >>> from jaxhc.transport import MpiTransport, Transport, XlaTransport
+    >>> issubclass(XlaTransport, Transport), issubclass(MpiTransport, Transport)
+    (True, True)
+    """
 
     name: str
 

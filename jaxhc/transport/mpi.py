@@ -53,9 +53,10 @@ class ProcessGrid:
     Communicators for every ordered tuple of distinct axes are split from `comm` up front (a
     collective call on all ranks), so that tracing never needs a collective MPI call.
 
-    >>> grid = ProcessGrid({"data": 2, "tensor": 2})   # doctest: +SKIP  (under mpirun -np 4)
-    >>> grid.coords                                     # doctest: +SKIP
-    {'data': 1, 'tensor': 0}                            # on rank 2
+    >>> from jaxhc.transport import ProcessGrid
+    >>> ProcessGrid({"data": 1}).coords        # one process; under mpirun -np 4, {"data": 2,
+    {'data': 0}
+    >>> # "tensor": 2} gives rank 2 the coordinates {'data': 1, 'tensor': 0}
     """
 
     def __init__(self, mesh_shape: Mapping[str, int], comm=None):
@@ -148,6 +149,11 @@ class MpiTransport(Transport):
     bitwise the result of XLA:CPU's all-reduce (bfloat16 adds in float32, as XLA:CPU does).
     ``psum="allreduce"`` calls `MPI_Allreduce`; Open MPI then picks the summation order by message
     size and process count, so float results can differ from XLA's in the last bits.
+
+    >>> from jaxhc.transport import MpiTransport, ProcessGrid
+    >>> mpi = MpiTransport(ProcessGrid({"data": 1}))   # one process: a mesh of one rank
+    >>> mpi.name, mpi.axis_size("data")
+    ('mpi', 1)
     """
 
     name = "mpi"
