@@ -132,6 +132,29 @@ def test_started_calls_match_the_synchronous_ones(codec, case):
     _assert_everywhere(bad)
 
 
+def test_without_progress_threads_a_start_runs_the_call_itself(monkeypatch):
+    """JAXHC_MPI_ASYNC=0: `can_start` says no (the step keeps its synchronous calls), and the
+    engine's start, called anyway, runs the call on the spot; done gives the same values."""
+    launcher, *_ = _programs("zfp:8")
+    rows, _ = _inputs("plain")
+    x = launcher.put(rows[0], P("x"))
+    comm = launcher.grid.async_comm("x")
+    codec = jaxhc.codecs.parse("zfp:8")
+
+    def both(x):
+        handle = _mpi_fused.start("psum_scatter", x, comm, codec)
+        return _mpi_fused.done(handle, x.size // SIZE, x.dtype)[0], _mpi_fused.psum_scatter(
+            x, launcher.grid.comm("x"), codec
+        )[0]
+
+    monkeypatch.setenv("JAXHC_MPI_ASYNC", "0")
+    assert not _mpi_fused.async_ready()
+    with jaxhc.transport.use(launcher.transport):
+        assert not started.can_start(x, "x", codec=codec)
+    got, want = jax.jit(both)(x)
+    _assert_everywhere([] if h.bits_equal(got, want) else ["inline start != synchronous call"])
+
+
 def test_can_start_only_what_the_engine_runs():
     launcher, *_ = _programs(None)
     like = jax.ShapeDtypeStruct((SIZE * 8,), jnp.float32)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from jaxhc.codecs import Codec, CodecLike
 from jaxhc.collectives import _common as c
+from jaxhc.collectives import volume
 from jaxhc.transport import current as transport
 
 __all__ = [
@@ -103,9 +104,8 @@ def psum_scatter_start(x, axis_name, *, codec: CodecLike = None, policy=None, ki
             f"psum_scatter_start: dimension 0 of {x.shape} must be a multiple of the axis size "
             f"{parts} of {axis_name!r}"
         )
-    return _start(
-        "psum_scatter", x, axis_name, codec, policy, kind, (parts - 1) / parts * c.nbytes(x)
-    )
+    raw = volume.ring("psum_scatter", parts, c.nbytes(x))[1]
+    return _start("psum_scatter", x, axis_name, codec, policy, kind, raw)
 
 
 def psum_scatter_done(started: Started) -> jax.Array:
@@ -117,7 +117,7 @@ def psum_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None)
     """Start ``jaxhc.psum(x, axis_name, ...)`` of one array."""
     x = c.as_array(x)
     parts = transport().axis_size(axis_name)
-    ring = 2 * (parts - 1) / parts * c.nbytes(x)
+    ring = volume.ring("psum", parts, c.nbytes(x))[1]
     return _start("psum", x, axis_name, codec, policy, kind, ring, ring)
 
 
