@@ -86,7 +86,7 @@ import jax.numpy as jnp
 
 from jaxhc.codecs import Codec, parse
 from jaxhc.collectives import volume
-from jaxhc.plan.cluster import Cluster
+from jaxhc.plan.cluster import Cluster, Link
 from jaxhc.plan.shapes import ModelShape
 from jaxhc.transport._mpi_fused import SEGMENT_BYTES
 
@@ -182,6 +182,7 @@ class Comm:
             "psum": 2 * (k - 1) / k * n,
             "ppermute": (k - 1) / k * n,  # a pipeline: the last stage sends nothing forward
             "psum_pair": 2 / k * n,  # two of the k ranks send
+            "broadcast": n,  # a pipelined ring: every link carries the whole message
         }[self.op]
 
     @property
@@ -193,9 +194,16 @@ class Comm:
         """Bytes/s per device: intra-node when the group fits a node; across nodes, a node's
         rings of this level (per_node / m of them, m = its members in the node) share the node's
         per_node NIC shares, and each ring step crosses once per node: min(intra, m x inter)."""
+        return self.link(cluster, self.op).bandwidth
+
+    def link(self, cluster: Cluster, op: str) -> Link:
+        """The latency per step and bandwidth per device `op` gets over this group: the level's
+        links inside a node; across nodes min(intra, m x inter) at `Cluster.inter_link`'s
+        figures for `op` and the group's size (``links.inter``'s without a table)."""
         if self.span <= cluster.devices_per_node:
-            return cluster.intra.bandwidth
-        return min(cluster.intra.bandwidth, self.per_node * cluster.inter.bandwidth)
+            return cluster.intra
+        inter = cluster.inter_link(op, self.ranks)
+        return Link(min(cluster.intra.bandwidth, self.per_node * inter.bandwidth), inter.latency)
 
     def legs(self) -> list[tuple[str, int, float]]:
         """(op, latency steps, bytes) of what moves one call: the op itself, or under a codec
@@ -227,8 +235,9 @@ class Comm:
                 latency += steps * own.latency
                 wire += nbytes / own.bandwidth
             else:
-                latency += steps * cluster.link(self.span).latency
-                wire += nbytes / self.bandwidth(cluster)
+                link = self.link(cluster, op)
+                latency += steps * link.latency
+                wire += nbytes / link.bandwidth
         n = self.message * self.itemsize
         if self.codec is not None and self.codec.spec != "none":
             speed = cluster.speed(self.codec.spec)
@@ -446,20 +455,41 @@ def collectives(
             add(i, "grad", "psum_scatter", n, eg, count)
             n //= factors[i]
     n = padded
-    for i in range(len(levels)):
+    # AMSP's schedule: a sharded gradient reduce-scattered down to the OS chunk, a replicated
+    # one (s_g = 1) not at all; then one all-reduce over the chunk's replicas
+    amsp = cluster.gradients == "all_reduce"
+    reduced = (lay.optim if lay.grads > 1 else 1) if amsp else lay.data
+    for i in inside(reduced):
         count = m if per_micro and levels[i] <= lay.grads else 1
         if not (scatters and levels[i] <= lay.params):
             add(i, "grad", "psum_scatter", n, eg, count)
         n //= factors[i]
-    for i in reversed(range(len(levels))):  # back over the levels outside the gradient group
+    if amsp and reduced < lay.data:  # the replicas: one group of data / reduced ranks
+        k, stride = lay.data // reduced, reduced * tp
+        inter = lay.data * tp > cluster.devices_per_node
+        codec = codec_of(lay.axis(len(levels) - 1), "grad", eg, n * eg, inter)
+        members = _members(k, stride, cluster.devices_per_node)
+        fused = _fused(lay, codec, "psum", feedback)
+        axis = lay.axis(len(levels) - 1)
+        out.append(Comm(axis, "grad", "psum", k, lay.data * tp, n, eg, 1, codec, members, fused))
+    for i in reversed(range(len(levels))) if not amsp else ():  # back outside the gradient group
         if levels[i] > lay.grads:
             add(i, "grad", "all_gather", n, eg, 1)
             n *= factors[i]
-    # parameter exchange after the update: the OS chunk over the levels inside s_os, outside s_p
+    # parameter exchange after the update: the OS chunk over the levels inside s_os, outside
+    # s_p, all-gathered, or broadcast by each member of a level (k uncompressed broadcasts)
     n = padded // lay.optim
+    broadcast = cluster.exchange == "broadcast"
     for i in reversed(inside(lay.optim)):
         if levels[i] > lay.params:
-            add(i, "param", "all_gather", n, ep, 1)
+            if broadcast and factors[i] > 1:
+                span = levels[i] * tp
+                members = _members(factors[i], (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
+                out.append(
+                    Comm(lay.axis(i), "param", "broadcast", factors[i], span, n, ep, factors[i], None, members)
+                )
+            else:
+                add(i, "param", "all_gather", n, ep, 1)
             n *= factors[i]
     b, tok = tokens_per_microbatch(lay, batch, seq)
     act = tok * shape.width
