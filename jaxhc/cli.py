@@ -64,7 +64,8 @@ def _train_parser(sub) -> None:
     )
     p.add_argument(
         "--init",
-        help="hf:PATH: start from a local transformers GPT-2 folder (the model follows its config)",
+        help="hf:PATH: start from a local transformers GPT-2 or LLaMA folder (the model follows "
+        "its config)",
     )
     p.add_argument("--mesh", help="e.g. data=2,tensor=2,pipe=2[,microbatches=2]")
     p.add_argument("--steps", type=int, help="training steps (also the schedule's length)")

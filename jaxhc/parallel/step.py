@@ -9,8 +9,8 @@ cross-device byte goes through jaxhc's collectives under that policy:
 
 * "tensor": `jaxhc.psum` of block outputs and of their input gradients (``kind="act"``);
 * "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and
-  `jaxhc.psum_pair` of the gradients of ``wte`` and ``ln_f`` between the first and the last
-  stage (``kind="grad"``; see `_sum_shared`);
+  `jaxhc.psum_pair` of the gradients of ``ln_f`` and the head (``wte`` or ``lm_head``) between
+  the first and the last stage (``kind="grad"``; see `_sum_shared`);
 * "data": `jaxhc.psum_scatter` of gradients (``kind="grad"``), `jaxhc.all_gather` of updated
   parameters (``kind="param"``); under a sharding plan that nests the data axis
   (`jaxhc.parallel.amsp`), level by level over its sub-axes, and the reduced gradient chunks
@@ -162,28 +162,31 @@ def overlaps(plan: Plan, fidelity_every: int = 0, codecs=None) -> bool:
 
 def _sum_shared(grads, data=("data",)):
     """The gradients of the parameters every stage holds (`jaxhc.parallel.layout.SHARED`),
-    summed among the stages that need them: ``wte`` (read by the first and the last stage) and
-    ``ln_f`` (read by the last, its canonical copy on the first) over the pair of end stages, in
-    one message each way; ``wpe`` (the first stage's alone) only where `_paired` says. The other
-    stages' copies keep their own (zero) gradients: stale copies that nothing reads."""
+    summed among the stages that need them: those the last stage reads (``ln_f``, the head:
+    ``wte`` when tied, else ``lm_head``; their canonical copies are the first stage's) over the
+    pair of end stages, in one message each way; the first stage's alone (``wpe``, an untied
+    ``wte``) only where `_paired` says. The other stages' copies keep their own (zero)
+    gradients: stale copies that nothing reads."""
     stages = jaxhc.axis_size("pipe")
     if stages == 1:
         return grads
-    paired = {k: grads[k] for k in _paired(data)}
+    paired = {k: grads[k] for k in _paired(grads, data)}
     return {**grads, **jaxhc.psum_pair(paired, "pipe", (0, stages - 1), kind="grad")}
 
 
-def _paired(data) -> tuple[str, ...]:
-    """`PAIRED`, and ``wpe`` too when a lossy codec reduces the gradients over a `data` (sub-)axis:
-    its blocks may span neighbouring parameters of the flat ZeRO vector (wpe lies between ln_f
-    and wte), so the end stages' reductions give wte and ln_f the same bits only if their wpe
-    gradients are the same too."""
+def _paired(grads, data) -> tuple[str, ...]:
+    """The shared parameters of `grads` the last stage reads (`PAIRED` but an untied ``wte``),
+    and all of them when a lossy codec reduces the gradients over a `data` (sub-)axis: its
+    blocks may span neighbouring parameters of the flat ZeRO vector (``wpe`` lies between
+    ``ln_f`` and ``wte``), so the end stages' reductions give the paired parameters the same bits
+    only if their other shared gradients are the same too."""
+    first_only = ("wpe", "wte") if "lm_head" in grads else ("wpe",)
     policy = context.policy()
     for axis in axis_tuple(data) if policy is not None else ():
         codec = policy.codec_for(axis, "grad", jnp.float32)
         if jaxhc.axis_size(axis) > 1 and codec is not None and not codec.lossless:
-            return (*PAIRED, "wpe")
-    return PAIRED
+            first_only = ()
+    return tuple(k for k in (*PAIRED, "wpe") if k in grads and k not in first_only)
 
 
 def _loss_and_grads(params, tokens, cfg, mesh_cfg):

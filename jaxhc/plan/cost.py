@@ -300,7 +300,7 @@ def _param_shapes(gpt):
 def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
     """(parameters on the device, its padded flat vector): exact (jaxhc's layout) for a model
     jaxhc trains in float32, else `ModelShape.device_params` padded to 4 x data."""
-    if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
+    if shape.gpt is not None and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
         return fl.size, fl.padded
     size = shape.device_params(lay.tensor, lay.pipe)
@@ -315,7 +315,7 @@ def device_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
 
     layers = shape.layers // lay.pipe
     q = ALIGN * lay.data
-    if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
+    if shape.gpt is not None and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
         return fl.shared_padded, fl.layer_padded, fl.layers
     _, padded = device_params(shape, lay)
@@ -553,7 +553,7 @@ def check_layout(shape: ModelShape, lay: Layout, batch: int) -> str:
     for s in lay.sizes:
         if s not in (1, *lay.levels):
             return f"size {s} is not 1 or one of the levels {list(lay.levels)}"
-    if shape.gpt is not None and not shape.swiglu:
+    if shape.gpt is not None:
         from jaxhc.model.config import MeshConfig, validate
 
         try:
@@ -569,7 +569,7 @@ def check_layout(shape: ModelShape, lay: Layout, batch: int) -> str:
 
 def trainable(shape: ModelShape, lay: Layout) -> str:
     """Whether `jaxhc train` takes the plan: "yes", or why not (the trainer's own refusal)."""
-    if shape.gpt is None or shape.swiglu:
+    if shape.gpt is None:
         return "shapes only"
     from jaxhc.model.config import ShardConfig
 
