@@ -30,15 +30,15 @@ A collective whose group fits a node takes its op's figures for its group size w
 optimizer-state exchange of ``schedule.exchange: broadcast``, below).
 
 Optionally ``links.inter_collectives`` does the same for groups that cross nodes: per op and
-group size (ranks, any number >= 2), the bandwidth per device's NIC share and the latency per
-ring step such a collective gets, where a large group gets much less of the link than a small
-one (more steps, smaller pieces per step, more traffic through the fabric's oversubscribed upper
-levels)::
+group size (the number of nodes the group spans, >= 2: a ring of k ranks with m members in
+each node spans k / m), the bandwidth per device's NIC share and the latency per ring step such
+a collective gets, where a group over many nodes gets much less of the link than one over a few
+(more ring steps, smaller pieces per step, more traffic through the fabric's upper levels)::
 
     links:
       inter: {gbit_s: 200, latency_us: 10}
       inter_collectives:
-        psum: {2: {gbit_s: 190, latency_us: 8}, 1024: {gbit_s: 90, latency_us: 20}}
+        psum: {2: {gbit_s: 190, latency_us: 8}, 128: {gbit_s: 90, latency_us: 20}}
 
 Its figures replace ``links.inter`` in the ring's bandwidth min(intra, m x inter) (m: the
 ring's members in one node) and in its latency (`Cluster.inter_link`). A group size between two
@@ -53,11 +53,19 @@ Optionally ``schedule`` says how the training system runs a plan's data-axis col
     schedule:
       gradients: scatter      # scatter (jaxhc): reduce-scatter over every level to 1/data, then
                               # all-gather back over the levels outside s_g; all_reduce (AMSP):
-                              # reduce-scatter over the levels inside s_os, then ONE all-reduce
-                              # over the chunk's replicas (the levels outside s_os as one group)
+                              # a replicated gradient (s_g = 1) all-reduced whole over the data
+                              # axis in one collective; a sharded one reduce-scattered over the
+                              # levels inside s_os, then all-reduced in ONE collective over the
+                              # chunk's replicas (the levels outside s_os as one group)
       exchange: all_gather    # the updated parameters over the levels inside s_os, outside
                               # s_p: all_gather (jaxhc) or broadcast (AMSP: each member of a
-                              # level broadcasts its updated chunk to the others)
+                              # level broadcasts its updated chunk to the others in turn)
+      nesting: node           # node (jaxhc's search): the data axis nested at the node boundary
+                              # and at the plan's sizes; sizes (AMSP's groups): at its sizes only
+
+A broadcast is uncompressed; one of a chunk of c bytes over k ranks is a pipelined ring: k - 1
+steps of latency, c bytes over every link (`jaxhc.plan.cost.Comm`). The schedule is what a
+plan's prediction assumes, not what `jaxhc train` runs (jaxhc's step is the default's).
 """
 
 from __future__ import annotations
@@ -147,18 +155,18 @@ class Cluster:
             return None
         return self.collectives.get((op, ranks))
 
-    def inter_link(self, op: str, ranks: int) -> Link:
-        """Per-NIC-share bandwidth and per-step latency of `op` over `ranks` ranks across nodes:
-        ``links.inter_collectives`` interpolated in log(ranks), else ``links.inter``."""
+    def inter_link(self, op: str, nodes: int) -> Link:
+        """Per-NIC-share bandwidth and per-step latency of `op` over a group spanning `nodes`
+        nodes: ``links.inter_collectives`` interpolated in log(nodes), else ``links.inter``."""
         sizes = sorted(k for o, k in self.inter_collectives if o == op)
         if not sizes:
             return self.inter
-        lo = max([k for k in sizes if k <= ranks] or sizes[:1])
-        hi = min([k for k in sizes if k >= ranks] or sizes[-1:])
+        lo = max([k for k in sizes if k <= nodes] or sizes[:1])
+        hi = min([k for k in sizes if k >= nodes] or sizes[-1:])
         a, b = self.inter_collectives[(op, lo)], self.inter_collectives[(op, hi)]
         if lo == hi:
             return a
-        w = math.log(ranks / lo) / math.log(hi / lo)
+        w = math.log(nodes / lo) / math.log(hi / lo)
         bandwidth = a.bandwidth ** (1 - w) * b.bandwidth**w
         return Link(bandwidth, (1 - w) * a.latency + w * b.latency)
 
@@ -258,9 +266,7 @@ def from_dict(data, where: str = "cluster") -> Cluster:
     nodes = _count("nodes", data["nodes"])
     per_node = _count("devices_per_node", data["devices_per_node"])
     memory = _number("memory_gib", data["memory_gib"]) * 2**30
-    links = _mapping(
-        "links", data["links"], ("intra", "inter", "collectives", "inter_collectives")
-    )
+    links = _mapping("links", data["links"], ("intra", "inter", "collectives", "inter_collectives"))
     if "intra" not in links:
         raise ValueError(f"{where}: cluster key links.intra is missing")
     intra = _link("links.intra", links["intra"])

@@ -54,7 +54,12 @@ precision moved: 4 psi float32, 2 psi mixed), level by level over the nested dat
                             the positions too under a lossy data grad codec), each sending
                             their bytes once: 2/p of them per device on average
 In float32 these are exactly `jaxhc.plan.traffic.data_collectives` (tested), whose bytes equal
-the ledger's.
+the ledger's. A cluster's ``schedule`` (`jaxhc.plan.cluster`) may run them as AMSP does instead:
+``gradients: all_reduce``: a replicated gradient (s_g = 1) all-reduced whole over the data axis
+(one psum of data ranks), a sharded one reduce-scattered over the levels inside s_os and then
+all-reduced over the chunk's data / s_os replicas (one psum, its ranks s_os apart), no gathers
+back; ``exchange: broadcast``: per level of the exchange, each of its k members broadcasts its
+chunk (k broadcasts of the chunk, uncompressed).
 
 Time of a collective of k ranks: (k - 1) latencies (2 (k - 1) for an all-reduce) + wire bytes /
 bandwidth of the links its group spans (intra-node when its devices fit in a node; across nodes
@@ -65,7 +70,9 @@ encodes its chunk and decodes k chunks) at the cluster's speeds; a codec that ma
 the flag's agreement, an all-reduce of 4 bytes a rank (2 (k - 1) latencies). Under a codec the
 payloads move as jaxhc's XLA transport moves them (`Comm.legs`: a reduce-scatter's by an
 all-to-all); a cluster's ``links.collectives`` gives an op over a group inside a node its own
-latency and bandwidth for that group size (measured by `jaxhc profile --links`). On the MPI
+latency and bandwidth for that group size (measured by `jaxhc profile --links`), and
+``links.inter_collectives`` an op across nodes its latency and per-NIC-share bandwidth by the
+nodes its group spans (in place of ``links.inter``: `Cluster.inter_link`). On the MPI
 transport (``Layout.transport``) a ZFP or MPC psum, reduce-scatter or all-gather without error
 feedback is one fused native call (`jaxhc.transport._mpi_fused`): its segments of
 SEGMENT_BYTES raw bytes are encoded, sent and decoded in a pipeline, so its wire time W and codec
@@ -199,10 +206,10 @@ class Comm:
     def link(self, cluster: Cluster, op: str) -> Link:
         """The latency per step and bandwidth per device `op` gets over this group: the level's
         links inside a node; across nodes min(intra, m x inter) at `Cluster.inter_link`'s
-        figures for `op` and the group's size (``links.inter``'s without a table)."""
+        figures for `op` and the nodes the group spans (``links.inter``'s without a table)."""
         if self.span <= cluster.devices_per_node:
             return cluster.intra
-        inter = cluster.inter_link(op, self.ranks)
+        inter = cluster.inter_link(op, -(-self.ranks // self.per_node))  # the nodes it spans
         return Link(min(cluster.intra.bandwidth, self.per_node * inter.bandwidth), inter.latency)
 
     def legs(self) -> list[tuple[str, int, float]]:
@@ -424,6 +431,7 @@ def collectives(
         span = levels[i] * tp
         inter = span > cluster.devices_per_node
         codec = codec_of(lay.axis(i), kind, itemsize, message * itemsize, inter)
+        codec = None if op == "broadcast" else codec  # jaxhc has no compressed broadcast
         members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
         fused = _fused(lay, codec, op, feedback and kind == "grad")
         out.append(
@@ -465,13 +473,11 @@ def collectives(
             add(i, "grad", "psum_scatter", n, eg, count)
         n //= factors[i]
     if amsp and reduced < lay.data:  # the replicas: one group of data / reduced ranks
-        k, stride = lay.data // reduced, reduced * tp
-        inter = lay.data * tp > cluster.devices_per_node
-        codec = codec_of(lay.axis(len(levels) - 1), "grad", eg, n * eg, inter)
-        members = _members(k, stride, cluster.devices_per_node)
+        k, span, axis = lay.data // reduced, lay.data * tp, lay.axis(len(levels) - 1)
+        codec = codec_of(axis, "grad", eg, n * eg, span > cluster.devices_per_node)
+        members = _members(k, reduced * tp, cluster.devices_per_node)
         fused = _fused(lay, codec, "psum", feedback)
-        axis = lay.axis(len(levels) - 1)
-        out.append(Comm(axis, "grad", "psum", k, lay.data * tp, n, eg, 1, codec, members, fused))
+        out.append(Comm(axis, "grad", "psum", k, span, n, eg, 1, codec, members, fused))
     for i in reversed(range(len(levels))) if not amsp else ():  # back outside the gradient group
         if levels[i] > lay.grads:
             add(i, "grad", "all_gather", n, eg, 1)
@@ -482,12 +488,8 @@ def collectives(
     broadcast = cluster.exchange == "broadcast"
     for i in reversed(inside(lay.optim)):
         if levels[i] > lay.params:
-            if broadcast and factors[i] > 1:
-                span = levels[i] * tp
-                members = _members(factors[i], (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
-                out.append(
-                    Comm(lay.axis(i), "param", "broadcast", factors[i], span, n, ep, factors[i], None, members)
-                )
+            if broadcast:  # one broadcast of its chunk by each member
+                add(i, "param", "broadcast", n, ep, factors[i])
             else:
                 add(i, "param", "all_gather", n, ep, 1)
             n *= factors[i]
