@@ -222,3 +222,15 @@ def test_amsp_setting_table_and_schedule():
     r7 = rows("llama-7b", nested)
     assert r7[0].layout.sizes == (1, 1, 8)
     assert _best(r7, (1, 8, 8)).comm_seconds > r7[0].comm_seconds
+
+
+def test_plan_prints_the_schedule_of_a_cluster_that_has_one(capsys):
+    from jaxhc import cli
+
+    argv = ["plan", "--model", "llama-7b", "--batch", "1024", "--seq", "4096"]
+    argv += ["--precision", "mixed", "--top", "1", "--rejected", "0", "--cluster"]
+    assert cli.main([*argv, str(CLUSTERS / "a100-1024-amsp.yaml")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "schedule: gradients all_reduce, exchange broadcast, nesting sizes"
+    assert cli.main([*argv, str(CLUSTERS / "a100-1024.yaml")]) == 0
+    assert not any(x.startswith("schedule") for x in capsys.readouterr().out.splitlines())
