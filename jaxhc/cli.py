@@ -351,6 +351,9 @@ def cmd_plan(args) -> int:
         f"{cluster.memory / 2**30:g} GiB each; batch {args.batch} x {seq} tokens, "
         f"{args.precision}; predicted (jaxhc.plan.cost), communication only"
     )
+    schedule = cluster.to_dict().get("schedule")
+    if schedule:  # the data-axis collectives as the cluster file's schedule runs them
+        print("schedule: " + ", ".join(f"{k} {v}" for k, v in schedule.items()))
     print(table(rows, args.top, args.rejected))
     if args.compare:
         from jaxhc.plan.search import HEADER

@@ -81,6 +81,7 @@ def enumerate_layouts(
     tensors=None,
     pipes=None,
     transport: str = "xla",
+    nesting: str = "node",
 ):
     for t in tensors or [t for t in divisors(devices) if t <= per_node]:
         if devices % t:
@@ -101,7 +102,8 @@ def enumerate_layouts(
                         triples.add((s_p, s_g, s_os))
             shapes = []
             for tri in sorted(triples):
-                levels = sorted({node, *tri} - {1, data}) + [data]
+                own = {node, *tri} if nesting == "node" else set(tri)
+                levels = sorted(own - {1, data}) + [data]
                 if all(h % lo == 0 for lo, h in zip(levels, levels[1:], strict=False)):
                     shapes.append((tri, tuple(levels)))
             if node > 1 and data > node:  # the flat axis: one ring across the nodes
@@ -201,6 +203,7 @@ def search(
         tensors,
         pipes,
         transport,
+        cluster.nesting,
     )
     rows = [evaluate(shape, lay, cluster, batch, seq, codec_of) for lay in layouts]
     if model_parallel not in ("min", "all"):
