@@ -33,7 +33,7 @@ import numpy as np
 from _common import write_json
 from mpi4py import MPI
 
-from jaxhc.launch import _blocks
+from jaxhc import partition
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig
 from jaxhc.parallel.canonical import Canonical
 from jaxhc.parallel.state import Plan
@@ -105,7 +105,7 @@ class Gather:
         self.ocp, self.comm, self.plan = ocp, comm, plan
         self.mesh = dict(zip(AXES, plan.mesh_cfg.shape, strict=True))
         self.all_coords = comm.allgather(coords)
-        self.specs = jax.tree.leaves(plan.state_specs, is_leaf=_blocks.is_spec)
+        self.specs = jax.tree.leaves(plan.state_specs, is_leaf=partition.is_spec)
         self.shapes = jax.tree.leaves(Canonical(plan).global_shapes())
         self.manager = None
         if comm.Get_rank() == 0:
@@ -117,7 +117,7 @@ class Gather:
         for spec, x in zip(self.specs, leaves, strict=True):
             blocks = self.comm.gather(np.asarray(x), root=0)
             if blocks:
-                host.append(_blocks.assemble(spec, blocks, self.all_coords, self.mesh))
+                host.append(partition.assemble(spec, blocks, self.all_coords, self.mesh))
         if self.manager is not None and all_finite(host):
             self.manager.save(step, args=self.ocp.args.StandardSave(host), force=True)
             self.manager.wait_until_finished()
@@ -133,7 +133,7 @@ class Gather:
             blocks = None
             if host is not None:
                 x = np.asarray(host[i])
-                blocks = [_blocks.local_block(spec, x, c, self.mesh) for c in self.all_coords]
+                blocks = [partition.local_block(spec, x, c, self.mesh) for c in self.all_coords]
             out.append(jax.numpy.asarray(self.comm.scatter(blocks, root=0)))
         return out
 

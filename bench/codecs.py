@@ -101,8 +101,8 @@ def throughput(
         for codec in [*(Zfp(rate=r) for r in rates), *nd, *quant, Mpc()]:
             rec = {"codec": codec.spec, "dtype": dtype, "bytes": x_np.nbytes}
             rec["jaxhc"] = time_codec(codec, x, repeats)
-            block = 4**codec.dims if isinstance(codec, Zfp) else 0
-            if with_zfpy and block and dtype == "float32" and n % block == 0:
+            zfp = isinstance(codec, Zfp) and dtype == "float32"
+            if with_zfpy and zfp and n % codec.block_values == 0:
                 shape = (-1, *(4,) * (codec.dims - 1))  # zfp's x is the last axis
                 rec["zfpy"] = bench_zfpy(x_np.reshape(shape), codec.rate, repeats)
             records.append(rec)

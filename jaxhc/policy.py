@@ -216,17 +216,7 @@ class Policy:
 
 
 def _fidelity(codec: Codec | None) -> float:
-    if codec is None:
-        return 4.0
-    if isinstance(codec, Identity):
-        return 3.0
-    if isinstance(codec, Mpc):
-        return 2.0
-    if isinstance(codec, Zfp):
-        return 1.0 + codec.rate / 1000.0 + codec.dims / 1e6
-    if isinstance(codec, Quant):
-        return 1.0 + codec.bits_per_value / 1000.0
-    return 0.0
+    return 4.0 if codec is None else codec.fidelity
 
 
 def _codec(entry: Any, where: str) -> Codec | None:

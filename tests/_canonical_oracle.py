@@ -3,7 +3,7 @@
 `to_canonical` takes a train state in one mesh's layout (global host arrays) to the canonical
 arrays of `jaxhc.parallel.canonical` (names and shapes no mesh enters); `from_canonical` puts them
 into any mesh's layout. Written with `FlatLayout.flatten` / `unflatten` (what the train step uses)
-and `_blocks.local_block`, on whole arrays: not with the checkpoint code's per-device boxes.
+and `partition.local_block`, on whole arrays: not with the checkpoint code's per-device boxes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from jaxhc.launch import _blocks
+from jaxhc import partition
 from jaxhc.model.config import AXES
 from jaxhc.parallel import TrainState
 from jaxhc.parallel.canonical import Canonical
@@ -52,9 +52,9 @@ def to_canonical(state: TrainState, plan: Plan) -> dict:
             for arr, spec, block in zip(arrays, specs, local, strict=True):
                 # a replicated parameter's values from its canonical copy (tensor and pipe rank
                 # 0): another stage's copy of a shared embedding is stale
-                if not _blocks.owns_block(spec, block.ndim, {**c, "data": 0}, shape):
+                if not partition.owns_block(spec, block.ndim, {**c, "data": 0}, shape):
                     continue
-                box = _blocks.block_slices(spec, arr.shape[-block.ndim :], c, shape)
+                box = partition.block_slices(spec, arr.shape[-block.ndim :], c, shape)
                 (arr[c["data"]] if ef else arr)[box] = block
         prefix = "residual" if ef else f"opt/{key}"
         out.update({f"{prefix}/{n}": a for n, a in zip(names, arrays, strict=True)})
@@ -78,7 +78,9 @@ def from_canonical(canon: dict, plan: Plan) -> TrainState:
         for c in coords_of(m):
             full = [canon[f"{prefix}/{n}"] for n in names]
             full = [a[c["data"]] for a in full] if ef else full
-            local = [_blocks.local_block(s, a, c, shape) for s, a in zip(specs, full, strict=True)]
+            local = [
+                partition.local_block(s, a, c, shape) for s, a in zip(specs, full, strict=True)
+            ]
             vec = np.asarray(plan.layout.flatten(jax.tree.unflatten(plan.layout.treedef, local)))
             if ef:
                 out[c["pipe"], c["tensor"], c["data"] * vec.size :][: vec.size] = vec

@@ -12,6 +12,7 @@ import optax
 import jaxhc
 from jaxhc.model import GPTConfig, MeshConfig, OptimConfig, gpt
 from jaxhc.parallel import init_state, make_mesh, make_train_step, params_to_single, zero
+from jaxhc.parallel.layout import decay_mask
 
 SEED = 0
 BATCH = 8
@@ -97,10 +98,25 @@ def parallel_run(mesh_name: str, policy: str, steps: int = 2, dtype: str = "floa
     return initial, metrics, params_to_single(state)
 
 
+def reference_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """The single-device equivalent of jaxhc's sharded update, for whole parameter trees: optax's
+    global-norm clip and AdamW with the decay mask (matrices and embeddings) and the schedule."""
+    clip = optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity()
+    adamw = optax.adamw(
+        zero.lr_schedule(cfg),
+        cfg.b1,
+        cfg.b2,
+        cfg.eps,
+        weight_decay=cfg.weight_decay,
+        mask=decay_mask,
+    )
+    return optax.chain(clip, adamw)
+
+
 @functools.cache
 def reference_run(steps: int = 2):
     """The same run on one device with the reference model and optimizer."""
-    tx = zero.reference_optimizer(OPTIM)
+    tx = reference_optimizer(OPTIM)
 
     @jax.jit
     def step(params, opt_state, tokens):

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 from _canonical_oracle import coords_of, from_canonical
 
-from jaxhc.launch import _blocks
+from jaxhc import partition
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig
 from jaxhc.parallel.canonical import Canonical
 from jaxhc.parallel.state import Plan
@@ -45,10 +45,10 @@ def blocks(state, plan: Plan):
     import jax
 
     shape = dict(zip(AXES, plan.mesh_cfg.shape, strict=True))
-    specs = jax.tree.leaves(plan.state_specs, is_leaf=_blocks.is_spec)
+    specs = jax.tree.leaves(plan.state_specs, is_leaf=partition.is_spec)
     leaves = jax.tree.leaves(state)
     for c in coords_of(plan.mesh_cfg):
-        yield c, [_blocks.local_block(s, x, c, shape) for s, x in zip(specs, leaves, strict=True)]
+        yield c, [partition.local_block(s, x, c, shape) for s, x in zip(specs, leaves, strict=True)]
 
 
 def big(directory: str) -> None:

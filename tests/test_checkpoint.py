@@ -18,8 +18,8 @@ import pytest
 from _canonical_oracle import coords_of, from_canonical, on_mesh, to_canonical
 from _gpt import assert_trees_equal
 
+from jaxhc import partition
 from jaxhc.data import Batches, corpus_bytes
-from jaxhc.launch import _blocks
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig
 from jaxhc.parallel import TrainState, params_to_single
 from jaxhc.parallel.canonical import Canonical, flat_boxes, storage_chunks
@@ -55,10 +55,10 @@ def random_canonical(plan: Plan, seed: int) -> dict:
 
 def host_blocks(state: TrainState, plan: Plan):
     shape = dict(zip(AXES, plan.mesh_cfg.shape, strict=True))
-    specs = jax.tree.leaves(plan.state_specs, is_leaf=_blocks.is_spec)
+    specs = jax.tree.leaves(plan.state_specs, is_leaf=partition.is_spec)
     leaves = jax.tree.leaves(state)
     for c in coords_of(plan.mesh_cfg):
-        yield c, [_blocks.local_block(s, x, c, shape) for s, x in zip(specs, leaves, strict=True)]
+        yield c, [partition.local_block(s, x, c, shape) for s, x in zip(specs, leaves, strict=True)]
 
 
 # --- the layout --------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxhc
-from jaxhc.launch import ProcessEnv, _blocks, first_host
+from jaxhc import partition
+from jaxhc.launch import ProcessEnv, first_host
 
 JOB = Path(__file__).with_name("mpi_job.py")
 MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none"]
@@ -95,18 +96,18 @@ def test_blocks_match_jax_shardings(shape):
         blocks, coords = [], []
         for r, device in enumerate(launcher.mesh.devices.reshape(-1)):
             c = dict(zip(names, np.unravel_index(r, shape), strict=True))
-            block = _blocks.local_block(spec, x, c, mesh_shape)
+            block = partition.local_block(spec, x, c, mesh_shape)
             np.testing.assert_array_equal(block, x[index[device]])
             blocks.append(block)
             coords.append(c)
-        np.testing.assert_array_equal(_blocks.assemble(spec, blocks, coords, mesh_shape), x)
+        np.testing.assert_array_equal(partition.assemble(spec, blocks, coords, mesh_shape), x)
 
 
 def test_block_errors_are_clear():
     with pytest.raises(ValueError, match="does not split evenly"):
-        _blocks.block_slices(P("data"), (3,), {"data": 0}, {"data": 2})
+        partition.block_slices(P("data"), (3,), {"data": 0}, {"data": 2})
     with pytest.raises(ValueError, match="not in the mesh"):
-        _blocks.block_slices(P("model"), (4,), {"data": 0}, {"data": 2})
+        partition.block_slices(P("model"), (4,), {"data": 0}, {"data": 2})
 
 
 # --- the XLA path of the entry point ------------------------------------------------------------

@@ -31,7 +31,7 @@ if "OMPI_COMM_WORLD_SIZE" not in os.environ:  # importing mpi4py would MPI_Init 
 from mpi4py import MPI  # noqa: E402
 
 import jaxhc  # noqa: E402
-from jaxhc.launch._blocks import local_block  # noqa: E402
+from jaxhc.partition import local_block  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

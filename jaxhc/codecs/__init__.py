@@ -8,6 +8,7 @@ element count and dtype only), so encode and decode are XLA FFI custom calls usa
 
 from jaxhc.codecs._base import Codec as Codec
 from jaxhc.codecs._base import Encoded as Encoded
+from jaxhc.codecs._base import NativeCall as NativeCall
 from jaxhc.codecs._identity import Identity as Identity
 from jaxhc.codecs._mpc import Mpc as Mpc
 from jaxhc.codecs._quant import Quant as Quant
@@ -15,4 +16,14 @@ from jaxhc.codecs._spec import CodecLike as CodecLike
 from jaxhc.codecs._spec import parse as parse
 from jaxhc.codecs._zfp import Zfp as Zfp
 
-__all__ = ["Codec", "CodecLike", "Encoded", "Identity", "Mpc", "Quant", "Zfp", "parse"]
+__all__ = [
+    "Codec",
+    "CodecLike",
+    "Encoded",
+    "Identity",
+    "Mpc",
+    "NativeCall",
+    "Quant",
+    "Zfp",
+    "parse",
+]

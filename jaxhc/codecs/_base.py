@@ -31,6 +31,19 @@ class Encoded(NamedTuple):
     nbytes: jax.Array
 
 
+class NativeCall(NamedTuple):
+    """How the native MPI engine codes a codec in one fused call (`Codec.native_call`).
+
+    family: "zfp" or "mpc"; maxbits: ZFP's bits per block (0 for MPC); dim: ZFP's dimensions or
+    MPC's word stride; budget: MPC's payload budget as a fraction of the raw bytes (0: none).
+    """
+
+    family: str
+    maxbits: int
+    dim: int
+    budget: float
+
+
 class Codec(abc.ABC):
     """A compressor for one flattened array (subclasses are frozen, hashable dataclasses)."""
 
@@ -42,6 +55,23 @@ class Codec(abc.ABC):
     segment_values: int = 1
     #: The dtypes it compresses (`supports`, `check_dtype`).
     dtypes = FLOAT_DTYPES
+    #: Values per independently coded block: a bucket of several tensors aligns each tensor to
+    #: it so that no block mixes two of them (1: no alignment needed).
+    block_values: int = 1
+    #: Where `jaxhc.policy` must choose between codecs for the same traffic, the higher wins
+    #: (closer to raw values); no compression at all ranks above every codec.
+    fidelity: float = 0.0
+
+    @property
+    def may_fail(self) -> bool:
+        """Whether `encode` can report not ok (a collective then needs an agreement round)."""
+        return True
+
+    def native_call(self, dtype) -> NativeCall | None:
+        """The fused native MPI call that codes this codec for `dtype`, or None where the MPI
+        transport runs jaxhc's own algorithm (encode, move the payloads, decode) instead."""
+        del dtype
+        return None
 
     @property
     @abc.abstractmethod

@@ -16,10 +16,15 @@ class Identity(Codec):
     """No compression: the payload is the raw little-endian bytes of the flattened array."""
 
     lossless = True
+    fidelity = 3.0
 
     @property
     def spec(self) -> str:
         return "none"
+
+    @property
+    def may_fail(self) -> bool:
+        return False
 
     def supports(self, dtype) -> bool:
         return jnp.dtype(dtype).itemsize > 0 and jnp.dtype(dtype) != jnp.bool_

@@ -12,7 +12,7 @@ from jax import lax
 
 from jaxhc import _native
 from jaxhc._compat import like
-from jaxhc.codecs._base import Codec, Encoded, num_elements
+from jaxhc.codecs._base import Codec, Encoded, NativeCall, num_elements
 from jaxhc.codecs._identity import _check_payload
 
 MAX_DIM = 64
@@ -42,6 +42,7 @@ class Mpc(Codec):
     dim: int = 1
     budget: float | None = None
     lossless = True
+    fidelity = 2.0
 
     def __post_init__(self):
         if (
@@ -63,6 +64,15 @@ class Mpc(Codec):
     def spec(self) -> str:
         s = "mpc" if self.budget is None else f"mpc:{self.budget:g}"
         return s if self.dim == 1 else f"{s}:dim={self.dim}"
+
+    @property
+    def may_fail(self) -> bool:
+        """Only a budget can be exceeded: the worst-case payload fits every input."""
+        return self.budget is not None
+
+    def native_call(self, dtype) -> NativeCall | None:
+        self.check_dtype(dtype)
+        return NativeCall("mpc", 0, self.dim, self.budget or 0.0)
 
     def payload_bytes(self, n: int, dtype) -> int:
         word = self.check_dtype(dtype).itemsize

@@ -106,6 +106,14 @@ class Quant(FixedSizeCodec):
         return 0 if self.stochastic else self.block
 
     @property
+    def block_values(self) -> int:
+        return self.block
+
+    @property
+    def fidelity(self) -> float:
+        return 1.0 + self.bits_per_value / 1000.0
+
+    @property
     def bits_per_value(self) -> float:
         """Payload bits per value of long rows (the scale included, the padding of the last block
         and the 8-byte padding not)."""

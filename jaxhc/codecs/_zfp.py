@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxhc import _native
+from jaxhc.codecs._base import NativeCall
 from jaxhc.codecs._fixed import FixedSizeCodec
 
 # zfp's exponent bits per block (a block must hold at least 1 + EBITS bits).
@@ -92,6 +93,13 @@ class Zfp(FixedSizeCodec):
         """Bits per block, rounded and clamped as zfp_stream_set_rate does."""
         coded = self.coded_dtype(dtype)
         return max(int(math.floor(self.block_values * self.rate + 0.5)), 1 + _EBITS[coded])
+
+    @property
+    def fidelity(self) -> float:
+        return 1.0 + self.rate / 1000.0 + self.dims / 1e6
+
+    def native_call(self, dtype) -> NativeCall | None:
+        return NativeCall("zfp", self.maxbits(dtype), self.dims, 0.0)
 
     def payload_bytes(self, n: int, dtype) -> int:
         return int(_native.cpu.zfp_payload_bytes(int(n), self.maxbits(dtype), self.dims))

@@ -10,12 +10,11 @@ from jax import lax
 
 from jaxhc import accounting, context
 from jaxhc._compat import axis_tuple, check_vma_enabled, linear_call, make_varying
-from jaxhc.codecs import Codec, CodecLike, Identity, Mpc, parse
+from jaxhc.codecs import Codec, CodecLike, parse
+from jaxhc.collectives import volume
 from jaxhc.transport import current as transport
 
-# Compressed chunks are padded to a multiple of ZFP's 1-D block so no chunk has a partial one (in
-# 2-D/3-D this is the row of its layout: the codec pads a partial 16- or 64-value block itself).
-ROW_MULTIPLE = 4
+ROW_MULTIPLE = volume.ROW_MULTIPLE
 
 
 def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
@@ -98,7 +97,7 @@ def differentiable(x) -> bool:
 
 def may_fail(codec: Codec) -> bool:
     """Whether `codec.encode` can report not-ok (then the call needs an agreement round)."""
-    return not (isinstance(codec, Identity) or (isinstance(codec, Mpc) and codec.budget is None))
+    return codec.may_fail
 
 
 def encode_rows(codec: Codec, rows: jax.Array):
@@ -155,6 +154,4 @@ def nbytes(x) -> int:
     return int(math.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
 
 
-def agreement_bytes(codec: Codec, parts: int) -> int:
-    """Wire bytes of the all-ranks flag agreement (an int32 per rank) when the codec needs it."""
-    return 4 * (parts - 1) if may_fail(codec) else 0
+agreement_bytes = volume.agreement

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from jaxhc._compat import axis_tuple, check_vma_enabled, like, make_varying
 from jaxhc.codecs import Codec, CodecLike
-from jaxhc.collectives import _buckets
+from jaxhc.collectives import _buckets, volume
 from jaxhc.collectives import _common as c
 from jaxhc.collectives import _feedback as ef
 from jaxhc.transport import current as transport
@@ -113,7 +113,7 @@ def _bwd(axis_name, codec, kind, vma, nbytes, ct):
 
 def _ring(parts: int, nbytes: float) -> float:
     """Bytes per rank a ring allreduce of `nbytes` moves."""
-    return 2 * (parts - 1) / parts * nbytes
+    return volume.ring("psum", parts, nbytes)[1]
 
 
 def _plain(x, axis_name, kind, nbytes=None):

@@ -12,8 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jaxhc import context
-from jaxhc.launch import _blocks
+from jaxhc import context, partition
 from jaxhc.launch._env import ProcessEnv
 from jaxhc.launch._guard import check_agreement, describe, install_abort_hook
 from jaxhc.transport import XlaTransport
@@ -159,12 +158,12 @@ class Launcher:
         """Global host arrays -> this transport's values: sharded global arrays, or local blocks."""
         if self.grid is not None:
             coords = self.grid.coords
-            return _blocks.map_specs(
-                lambda s, x: jnp.asarray(_blocks.local_block(s, x, coords, self.mesh_shape)),
+            return partition.map_specs(
+                lambda s, x: jnp.asarray(partition.local_block(s, x, coords, self.mesh_shape)),
                 specs,
                 tree,
             )
-        return _blocks.map_specs(self._put_xla, specs, tree)
+        return partition.map_specs(self._put_xla, specs, tree)
 
     def _put_xla(self, spec, x):
         sharding = NamedSharding(
@@ -181,8 +180,8 @@ class Launcher:
         """This transport's values -> the global numpy arrays, on every process."""
         if self.grid is not None:
             all_coords = self.grid.control.allgather(self.grid.coords)
-            return _blocks.map_specs(
-                lambda s, x: _blocks.assemble(
+            return partition.map_specs(
+                lambda s, x: partition.assemble(
                     s, self.grid.control.allgather(np.asarray(x)), all_coords, self.mesh_shape
                 ),
                 specs,

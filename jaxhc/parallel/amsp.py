@@ -93,14 +93,6 @@ class ShardPlan:
         """Whether sharded parameters are gathered layer by layer, forward and backward."""
         return self.sharded_params and self.gather == "layer"
 
-    def chunk_sizes(self, padded: int) -> dict[str, int]:
-        """A device's share of a flat vector of `padded` values per component (and the finest)."""
-        return {
-            "grads": padded // self.grads,
-            "optim": padded // self.optim,
-            "finest": padded // self.data,
-        }
-
     def view(self, mesh: Mesh) -> Mesh:
         """`mesh` (axes "data", "tensor", "pipe") with "data" factored into the sub-axes."""
         if self.flat:

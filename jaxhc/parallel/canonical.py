@@ -30,7 +30,7 @@ import math
 import jax
 import numpy as np
 
-from jaxhc.launch import _blocks
+from jaxhc import partition
 from jaxhc.model.config import AXES
 from jaxhc.parallel.state import Plan, TrainState
 from jaxhc.parallel.zero import levels as zero_levels
@@ -161,7 +161,7 @@ class Canonical:
     def _block_shape(self, shape, spec):
         return tuple(
             s.stop - s.start
-            for s in _blocks.block_slices(spec, shape, dict.fromkeys(AXES, 0), self.mesh_shape)
+            for s in partition.block_slices(spec, shape, dict.fromkeys(AXES, 0), self.mesh_shape)
         )
 
     def _add(self, name, shape, spec, lead=(), limit=CHUNK_ELEMENTS):
@@ -184,10 +184,10 @@ class Canonical:
                 out.append(Piece(name, leaf, 0, (), zero))
             elif kind == "param":
                 i = leaf - 1  # the parameters follow the step
-                box = _blocks.block_slices(
+                box = partition.block_slices(
                     self.param_specs[i], self.param_global[i], coords, self.mesh_shape
                 )
-                owner = _blocks.owns_block(self.param_specs[i], len(box), coords, self.mesh_shape)
+                owner = partition.owns_block(self.param_specs[i], len(box), coords, self.mesh_shape)
                 out.append(Piece(name, leaf, 0, box, owner))
             elif kind == "pflat":
                 index, first = shard.param_chunk(d)
@@ -212,7 +212,7 @@ class Canonical:
         `at` in its leaf; `row`: the leading index of a per-data-rank array (residuals)."""
         layout, out = self.layout, []
         blocks = [
-            _blocks.block_slices(spec, shape, coords, self.mesh_shape)
+            partition.block_slices(spec, shape, coords, self.mesh_shape)
             for spec, shape in zip(self.param_specs, self.param_global, strict=True)
         ]
         for offset, i, a, n in layout.runs(lo, lo + size):
@@ -251,7 +251,7 @@ class Canonical:
             s = self._block_shape(x.shape, spec) if local else x.shape
             return jax.ShapeDtypeStruct(s, x.dtype)
 
-        return _blocks.map_specs(shape, plan.state_specs, state)
+        return partition.map_specs(shape, plan.state_specs, state)
 
     def unflatten(self, leaves) -> TrainState:
         """A TrainState from a device's block leaves (in `jax.tree.leaves` order)."""

@@ -12,8 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxhc import context
-from jaxhc.launch import _blocks
+from jaxhc import context, partition
 from jaxhc.model import gpt
 from jaxhc.model.config import AXES, GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.parallel import zero
@@ -98,7 +97,7 @@ class Plan:
         specs = layout.treedef.flatten_up_to(self.param_specs)
         for (p, t), coords in _pipe_tensor(m):
             local = [
-                x[_blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))]
+                x[partition.block_slices(spec, x.shape, coords, _mesh_shape(m))]
                 for x, spec in zip(leaves, specs, strict=True)
             ]
             flat = np.asarray(layout.flatten(layout.treedef.unflatten(local)))
@@ -126,10 +125,10 @@ class Plan:
                 ]
             local = layout.treedef.flatten_up_to(layout.unflatten(flat))
             for x, spec, v in zip(leaves, specs, local, strict=True):
-                box = _blocks.block_slices(spec, x.shape, coords, _mesh_shape(m))
+                box = partition.block_slices(spec, x.shape, coords, _mesh_shape(m))
                 # a replicated parameter from its canonical copy (pipe and tensor rank 0): the
                 # other stages' copies of a shared one are stale (`jaxhc.parallel.layout`)
-                if _blocks.owns_block(spec, x.ndim, coords, _mesh_shape(m)):
+                if partition.owns_block(spec, x.ndim, coords, _mesh_shape(m)):
                     x[box] = np.asarray(v)
         return layout.treedef.unflatten(leaves)
 

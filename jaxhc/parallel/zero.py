@@ -20,8 +20,6 @@ gradients and optimizer state split over the whole data axis):
    a lossy param codec does not compound.
 
 The collectives are compressed by the policy of `jaxhc.context` (the train step traces under it).
-
-`reference_optimizer` is the same update on one device, on the whole parameter tree (the oracle).
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ from jaxhc import context
 from jaxhc.collectives import resolve_codec
 from jaxhc.model.config import OptimConfig
 from jaxhc.parallel.amsp import ShardPlan
-from jaxhc.parallel.layout import FlatLayout, decay_mask, per_value
+from jaxhc.parallel.layout import FlatLayout, per_value
 
 
 def lr_schedule(cfg: OptimConfig):
@@ -60,12 +58,6 @@ def lr_schedule(cfg: OptimConfig):
 
 def adamw(cfg: OptimConfig, learning_rate, weight_decay, mask=None) -> optax.GradientTransformation:
     return optax.adamw(learning_rate, cfg.b1, cfg.b2, cfg.eps, weight_decay=weight_decay, mask=mask)
-
-
-def reference_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """The single-device equivalent of `update`, for whole parameter trees."""
-    clip = optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity()
-    return optax.chain(clip, adamw(cfg, lr_schedule(cfg), cfg.weight_decay, mask=decay_mask))
 
 
 def init_chunk(cfg: OptimConfig, chunk: jax.Array) -> dict:

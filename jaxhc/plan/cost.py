@@ -84,8 +84,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxhc.codecs import Codec, Mpc, Zfp, parse
-from jaxhc.collectives import _common as cc
+from jaxhc.codecs import Codec, parse
+from jaxhc.collectives import volume
 from jaxhc.plan.cluster import Cluster
 from jaxhc.plan.shapes import ModelShape
 from jaxhc.transport._mpi_fused import SEGMENT_BYTES
@@ -206,7 +206,7 @@ class Comm:
         steps = {"psum": 2 * (k - 1), "ppermute": 1, "psum_pair": 1}.get(self.op, k - 1)
         if self.codec is None or self.codec.spec == "none":
             return [(self.op, steps, self.raw)]
-        agree = cc.agreement_bytes(self.codec, k)
+        agree = volume.agreement(self.codec, k)
         payload = self.wire - agree
         if self.fused:  # the call's own schedule; flags in its messages but a scatter's
             agreed = self.op == "psum_scatter" and agree
@@ -253,14 +253,7 @@ def wire_bytes(codec, op: str, ranks: int, message: int, itemsize: int, raw: flo
     payload per row (rows padded to `ROW_MULTIPLE`) and the fallback agreement flags."""
     if codec is None or codec.spec == "none":
         return raw
-    dtype = _dtype(itemsize)
-    agree = cc.agreement_bytes(codec, ranks)
-    if op in ("all_gather", "ppermute", "psum_pair"):
-        mult = {"all_gather": ranks - 1, "ppermute": (ranks - 1) / ranks}.get(op, 2 / ranks)
-        return mult * codec.payload_bytes(message, dtype) + agree
-    row = -(-message // ranks // cc.ROW_MULTIPLE) * cc.ROW_MULTIPLE
-    per = (ranks - 1) * codec.payload_bytes(row, dtype) + agree
-    return 2 * per if op == "psum" else per
+    return volume.compressed(codec, op, ranks, message, _dtype(itemsize))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,9 +485,10 @@ def collectives(
 
 
 def _fused(lay: Layout, codec, op: str, feedback: bool) -> bool:
-    """Whether the MPI transport runs this compressed collective as one fused native call (ZFP
-    and MPC; error feedback takes jaxhc's own algorithm, which needs the decoded payloads)."""
-    native = isinstance(codec, (Zfp, Mpc))
+    """Whether the MPI transport runs this compressed collective as one fused native call (the
+    codecs with a `native_call`: ZFP and MPC; error feedback takes jaxhc's own algorithm, which
+    needs the decoded payloads)."""
+    native = codec is not None and codec.native_call(jnp.float32) is not None
     return lay.transport == "mpi" and native and op in FUSED_OPS and not feedback
 
 

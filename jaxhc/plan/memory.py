@@ -62,11 +62,6 @@ def state_bytes(model: GPTConfig, mesh: MeshConfig, policy=None) -> StateBytes:
     )
 
 
-def parameter_count(model: GPTConfig) -> int:
-    """The model's parameters (the tied head counted once)."""
-    return Plan(model, MeshConfig()).layout.size
-
-
 def amsp_bytes(psi: int, shard: ShardPlan) -> StateBytes:
     """AMSP's mixed-precision count for `psi` parameters under `shard`."""
     return StateBytes(

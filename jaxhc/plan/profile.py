@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from jaxhc.collectives import volume
+
 CODECS = ("zfp:8", "zfp:16", "q8", "mpc")
 
 
@@ -197,13 +199,7 @@ GROUP_VALUES = (2**18, 2**19, 2**20, 2**21)
 def ring_bytes(op: str, k: int, values: int) -> tuple[int, float]:
     """(latency steps, ring bytes per device) of `op` over k ranks whose larger buffer holds
     `values` float32 (an all-gather's output, the others' input)."""
-    n = 4 * values
-    return {
-        "all_gather": (k - 1, (k - 1) / k * n),
-        "psum_scatter": (k - 1, (k - 1) / k * n),
-        "all_to_all": (k - 1, (k - 1) / k * n),
-        "psum": (2 * (k - 1), 2 * (k - 1) / k * n),
-    }[op]
+    return volume.ring(op, k, 4 * values)
 
 
 def group_programs(ops=GROUP_OPS, values=GROUP_VALUES, devices=None, sizes=None) -> dict:

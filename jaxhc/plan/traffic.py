@@ -29,7 +29,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxhc.collectives import _common as c
+from jaxhc.collectives import resolve_codec, volume
 from jaxhc.model.config import MeshConfig
 from jaxhc.parallel.amsp import ShardPlan
 
@@ -54,14 +54,10 @@ class Collective:
         if policy is None:
             return self.bytes
         x = jax.ShapeDtypeStruct((self.message,), jnp.float32)
-        codec = c.resolve(x, self.axis, None, policy, self.kind)
+        codec = resolve_codec(x, self.axis, None, policy, self.kind)
         if codec is None:
             return self.bytes
-        agree = c.agreement_bytes(codec, self.ranks)
-        if self.op == "all_gather":
-            return (self.ranks - 1) * codec.payload_bytes(self.message, jnp.float32) + agree
-        row = -(-self.message // self.ranks // c.ROW_MULTIPLE) * c.ROW_MULTIPLE
-        return (self.ranks - 1) * codec.payload_bytes(row, jnp.float32) + agree
+        return volume.compressed(codec, self.op, self.ranks, self.message, jnp.float32)
 
 
 def data_collectives(mesh: MeshConfig, flat_bytes: int, segments=None) -> list[Collective]:

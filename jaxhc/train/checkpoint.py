@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
+from jaxhc import partition
 from jaxhc.data.sources import hash_file as _sha256
-from jaxhc.launch import _blocks
 from jaxhc.parallel.canonical import Canonical, extract, insert
 from jaxhc.parallel.state import Plan
 
@@ -429,9 +429,9 @@ class Checkpoints:
         mesh = canon.mesh_shape
         all_coords = [dict(zip(mesh, idx, strict=True)) for idx in np.ndindex(*mesh.values())]
         blocks = [leaves for _, leaves in self.restore(plan, all_coords, step)]
-        specs = jax.tree.leaves(plan.state_specs, is_leaf=_blocks.is_spec)
+        specs = jax.tree.leaves(plan.state_specs, is_leaf=partition.is_spec)
         leaves = [
-            _blocks.assemble(spec, [b[i] for b in blocks], all_coords, mesh)
+            partition.assemble(spec, [b[i] for b in blocks], all_coords, mesh)
             for i, spec in enumerate(specs)
         ]
         return canon.unflatten(leaves)

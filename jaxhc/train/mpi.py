@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxhc.launch import Launcher, _blocks
+from jaxhc import partition
+from jaxhc.launch import Launcher
 from jaxhc.parallel import (
     METRIC_SPECS,
     TrainState,
@@ -181,10 +182,12 @@ class MpiRunner(Runner):
         def one(spec, x):
             blocks = None
             if self.writer:
-                blocks = [_blocks.local_block(spec, x, c, self.mesh_shape) for c in self.all_coords]
+                blocks = [
+                    partition.local_block(spec, x, c, self.mesh_shape) for c in self.all_coords
+                ]
             return jnp.asarray(self.comm.scatter(blocks, root=0))
 
-        return _blocks.map_specs(one, self.specs, tree)
+        return partition.map_specs(one, self.specs, tree)
 
     def step(self, state, tokens):
         rows = self.launcher.put(tokens, self.rows)

@@ -20,10 +20,11 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jaxhc import _native
-from jaxhc.codecs import Codec, Mpc, Zfp
+from jaxhc.codecs import Codec
 
 DTYPES = frozenset(jnp.dtype(d) for d in (jnp.float32, jnp.float64, jnp.bfloat16))
-_PLAIN, _ZFP, _MPC = 0, 1, 2
+_PLAIN = 0
+_FAMILY = {"zfp": 1, "mpc": 2}  # the engine's codec numbers (ffi/mpi/engine.cc)
 SEGMENT_BYTES = 1 << 20  # raw bytes per pipelined segment of a compressed call
 # A plain call has only its sums to overlap. Either kind of segment travels as MPI messages under
 # Open MPI's TCP eager limit (ffi/mpi/engine.cc, kPieceBytes: larger ones ran half duplex).
@@ -38,7 +39,7 @@ def supports(codec: Codec | None, dtype) -> bool:
     """Whether a fused call exists for this codec (None: plain) and dtype."""
     if not available() or jnp.dtype(dtype) not in DTYPES:
         return False
-    return codec is None or isinstance(codec, (Zfp, Mpc))
+    return codec is None or codec.native_call(dtype) is not None
 
 
 @functools.cache
@@ -94,10 +95,9 @@ def _bind(which: int, flat, comm, codec: Codec | None):
     from mpi4jax._src.utils import to_mpi_handle
 
     kind, maxbits, dim, budget = _PLAIN, 0, 1, 0.0
-    if isinstance(codec, Zfp):
-        kind, maxbits, dim = _ZFP, codec.maxbits(flat.dtype), codec.dims
-    elif isinstance(codec, Mpc):
-        kind, dim, budget = _MPC, codec.dim, codec.budget or 0.0
+    if codec is not None:
+        family, maxbits, dim, budget = codec.native_call(flat.dtype)
+        kind = _FAMILY[family]
     y, stats = _primitives()[which].bind(
         flat,
         comm=int(to_mpi_handle(comm)),

@@ -1,4 +1,18 @@
-"""A process's block of a global array under a PartitionSpec, and assembling blocks back."""
+"""A process's block of a global array under a PartitionSpec, and assembling blocks back.
+
+The one rule for which process holds which block of a sharded array, used by the launchers, the
+train state, checkpoints and canonical layouts: `block_slices` / `local_block` cut a process's
+block out of a global array, `owns_block` says whether a process holds the canonical copy of a
+block (the first along every mesh axis the spec does not name), `assemble` puts blocks back.
+
+>>> import numpy as np
+>>> from jax.sharding import PartitionSpec as P
+>>> from jaxhc import partition
+>>> x = np.arange(8).reshape(2, 4)
+>>> partition.local_block(P(None, "data"), x, {"data": 1}, {"data": 2})
+array([[2, 3],
+       [6, 7]])
+"""
 
 from __future__ import annotations
 
@@ -8,8 +22,19 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+__all__ = [
+    "assemble",
+    "block_slices",
+    "global_shape",
+    "is_spec",
+    "local_block",
+    "map_specs",
+    "owns_block",
+]
+
 
 def is_spec(s) -> bool:
+    """Whether `s` is a leaf of a spec tree: a PartitionSpec or None (replicated)."""
     return s is None or isinstance(s, P)
 
 
@@ -60,6 +85,7 @@ def block_slices(spec, shape, coords, mesh_shape) -> tuple[slice, ...]:
 
 
 def local_block(spec, x, coords, mesh_shape):
+    """The block of the global array `x` that the process at `coords` holds under `spec`."""
     x = np.asarray(x)
     return x[block_slices(spec, x.shape, coords, mesh_shape)]
 
@@ -71,6 +97,7 @@ def owns_block(spec, ndim, coords, mesh_shape) -> bool:
 
 
 def global_shape(spec, block_shape, mesh_shape) -> tuple[int, ...]:
+    """The shape of the global array whose blocks under `spec` have `block_shape`."""
     entries = _entries(spec, len(block_shape), mesh_shape)
     return tuple(
         d * math.prod(mesh_shape[a] for a in axes)
