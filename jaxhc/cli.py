@@ -53,6 +53,7 @@ def host_devices(cfg, env=None) -> int:
 
 
 def _train_parser(sub) -> None:
+    from jaxhc.codecs import SPEC_FORMS
     from jaxhc.policy import PRESETS
 
     p = sub.add_parser(
@@ -60,7 +61,9 @@ def _train_parser(sub) -> None:
     )
     p.add_argument("--config", help="experiment YAML (default: the built-in small GPT)")
     p.add_argument(
-        "--compression", help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path"
+        "--compression",
+        help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path, whose axes name "
+        f"codecs as {', '.join(SPEC_FORMS.values())} or off",
     )
     p.add_argument(
         "--init",

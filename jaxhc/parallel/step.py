@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 import jaxhc
 from jaxhc import context
 from jaxhc._compat import axis_tuple
+from jaxhc.collectives import started
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.model.tensor_parallel import TensorParallel
@@ -119,22 +120,46 @@ def _overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs):
     """(global loss, this rank's reduced gradient chunk), each layer's gradient reduced over the
     data levels in the backward as soon as it is produced (`zero.layer_reduce`), the shared
     parameters' after it: the chunk `zero.reduce` gives, with the same bits (each call coded as
-    the whole vector's would be: `codecs`, from `zero.whole_codecs`)."""
+    the whole vector's would be: `codecs`, from `zero.whole_codecs`).
+
+    Where the transport can start a layer's first reduce-scatter and finish it later
+    (`jaxhc.collectives.started`: the MPI transport's progress threads), the backward only
+    starts it, and the layers' reductions are finished after the backward, in the order they
+    were started, so the earlier layers' backward runs while their bytes move."""
     layout, shard = plan.layout, plan.shard
     shared = {k: v for k, v in params.items() if k != "blocks"}
 
-    def reduce_row(flat):
-        return zero.reduce_gradients(flat, layout, shard=shard, codecs=codecs)
+    def reduce_row(flat, scattered=0):
+        return zero.reduce_gradients(flat, layout, shard=shard, scattered=scattered, codecs=codecs)
 
-    sink = jnp.zeros((layout.layers, layout.layer_padded // shard.grads), jnp.float32)
+    steps = zero.levels(shard)
+    row = jax.ShapeDtypeStruct((layout.layer_padded,), jnp.float32)
+    axis = steps[0][0] if steps else None
+    codec = codecs.get((axis, "scatter"))
+    start = axis is not None and started.can_start(row, axis, codec=codec, kind="grad")
+    begun = {}  # the started calls' description (the same for every layer)
+
+    def start_row(flat):
+        begun["call"] = started.psum_scatter_start(flat, axis, codec=codec, kind="grad")
+        return begun["call"].handle
+
+    width = 1 if start else layout.layer_padded // shard.grads
+    sink = jnp.zeros((layout.layers, width), jnp.float32)
 
     def objective(shared, sink):
         full = {**shared, "blocks": (params["blocks"], sink)}
-        fetch = zero.layer_reduce(layout, reduce_row)
+        fetch = zero.layer_reduce(layout, start_row if start else reduce_row)
         return _local_loss(full, tokens, cfg, mesh_cfg, shard.data_axis, fetch)
 
     local, (g, layers) = jax.value_and_grad(objective, argnums=(0, 1))(shared, sink)
     g = reduce_row(layout.shared_flat(_sum_shared(g, shard.axes)))
+    if start:  # the last layer's was started first
+        call = begun["call"]
+
+        def finish(_, handle):
+            return None, reduce_row(started.psum_scatter_done(call.like(handle)), 1)
+
+        layers = lax.scan(finish, None, layers, reverse=True)[1]
     loss = zero.psum_scalar(local, (*axis_tuple(shard.data_axis), "pipe"))
     return loss, layout.join(g, layers)
 

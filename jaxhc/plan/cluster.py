@@ -71,6 +71,18 @@ class CodecSpeed:
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
+    """A cluster: nodes of devices, the links within and between nodes, codec speeds (a
+    cluster file, `jaxhc.plan.cluster.load`).
+
+    >>> cluster = jaxhc.plan.cluster.from_dict({
+    ...     "name": "two-nodes", "nodes": 2, "devices_per_node": 4, "memory_gib": 16,
+    ...     "links": {"intra": {"gbit_s": 800, "latency_us": 5},
+    ...               "inter": {"gbit_s": 100, "latency_us": 10}},
+    ...     "codecs": {"zfp:8": {"encode_gb_s": 50, "decode_gb_s": 50}}})
+    >>> cluster.devices, cluster.link(8).bandwidth        # a group across nodes: the NIC's bytes/s
+    (8, 12500000000.0)
+    """
+
     name: str
     nodes: int
     devices_per_node: int

@@ -100,6 +100,15 @@ PRECISIONS = {  # bytes per value: params, grads (and what they move as), activa
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
+    """One plan: the mesh, the AMSP sizes (s_p, s_g, s_os), the nested data groups, the codec on
+    the levels that cross nodes, precision, recomputation, gathering and transport.
+
+    >>> lay = jaxhc.plan.Layout(data=8, tensor=1, pipe=1, microbatches=1, params=1, grads=8,
+    ...                         optim=8, levels=(8,))       # jaxhc's ZeRO on a flat data axis
+    >>> lay.sizes
+    (1, 8, 8)
+    """
+
     data: int
     tensor: int
     pipe: int
@@ -398,7 +407,15 @@ def codec_by_policy(policy):
 def collectives(
     shape: ModelShape, lay: Layout, batch: int, seq: int, cluster: Cluster, codec_of=None
 ) -> list[Comm]:
-    """The collectives of one step on one device, in the order the step runs them."""
+    """The collectives of one step on one device, in the order the step runs them.
+
+    >>> lay = jaxhc.plan.Layout(data=8, tensor=1, pipe=1, microbatches=1, params=1, grads=8,
+    ...                         optim=8, levels=(8,))
+    >>> shape = jaxhc.plan.load_shape("gpt2-small")
+    >>> cluster = jaxhc.plan.cluster.local(devices=8, memory_gib=16)
+    >>> [(c.op, c.kind) for c in jaxhc.plan.collectives(shape, lay, 8, 1024, cluster)]
+    [('psum_scatter', 'grad'), ('all_gather', 'param')]
+    """
     codec_of = codec_of or codec_by_spec(lay.codec)
     feedback = getattr(codec_of, "error_feedback", False)
     ep, eg, ea = PRECISIONS[lay.precision]
