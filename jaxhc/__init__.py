@@ -1,4 +1,13 @@
-"""jaxhc: compressed collectives (ZFP, MPC) for JAX/XLA training of GPT-style models."""
+"""jaxhc: compressed collectives (ZFP, MPC) for JAX/XLA training of GPT-style models.
+
+>>> from jax.sharding import Mesh, PartitionSpec as P
+>>> mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+>>> f = jax.shard_map(lambda g: jaxhc.psum(g, "data", codec="zfp:16"), mesh=mesh,
+...                   in_specs=P("data"), out_specs=P("data"))
+>>> jax.jit(f)(jnp.ones((2, 4)))
+Array([[2., 2., 2., 2.],
+       [2., 2., 2., 2.]], dtype=float32)
+"""
 
 from jaxhc import accounting as accounting
 from jaxhc import codecs as codecs

@@ -10,13 +10,14 @@ is compiled without the callbacks, and the first call inside one compiles it aga
 host callback per collective per device). ``with jaxhc.accounting.disabled():`` around tracing
 turns them off even inside a Ledger.
 
->>> import jaxhc
->>> ledger = jaxhc.accounting.Ledger()
->>> with ledger:                                    # doctest: +SKIP
-...     out = step(params, batch)                   # runs jaxhc collectives
-...     jax.block_until_ready(out)
->>> ledger.per_axis(devices=8)                      # doctest: +SKIP
-{'data': {'raw_bytes': ..., 'wire_bytes': ..., 'fallbacks': 0.0, 'calls': 12.0}}
+>>> from jax.sharding import Mesh, PartitionSpec as P
+>>> mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+>>> psum = lambda g: jaxhc.psum(g, "data", codec="zfp:8")
+>>> step = jax.jit(jax.shard_map(psum, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+>>> with jaxhc.accounting.Ledger() as ledger:
+...     out = jax.block_until_ready(step(jnp.ones((2, 1024))))
+>>> ledger.per_axis(devices=2)          # per rank: 4 KiB raw, a quarter of it (and a flag) sent
+{'data': {'raw_bytes': 4096.0, 'wire_bytes': 1032.0, 'fallbacks': 0.0, 'calls': 1.0}}
 """
 
 from __future__ import annotations
@@ -30,12 +31,20 @@ import jax
 
 from jaxhc import context
 
+__all__ = ["Ledger", "Tally", "captured", "disabled", "enabled", "record"]
+
 _LOCK = threading.Lock()
 _ACTIVE: list[Ledger] = []
 
 
 @dataclasses.dataclass
 class Tally:
+    """The traffic of one mesh axis and kind: bytes and counts summed over executions.
+
+    >>> jaxhc.accounting.Tally()
+    Tally(raw_bytes=0.0, wire_bytes=0.0, fallbacks=0.0, calls=0.0)
+    """
+
     raw_bytes: float = 0.0
     wire_bytes: float = 0.0
     fallbacks: float = 0.0
@@ -47,6 +56,11 @@ class Ledger:
 
     Totals are summed over devices; `per_axis(devices=N)` divides by the devices that ran the
     program to give per-rank numbers.
+
+    >>> with jaxhc.accounting.Ledger() as ledger:
+    ...     jaxhc.accounting.record("data", "grad", 4096.0, 1024.0)   # what a collective does
+    >>> ledger.per_axis(by_kind=True)
+    {'data/grad': {'raw_bytes': 4096.0, 'wire_bytes': 1024.0, 'fallbacks': 0.0, 'calls': 1.0}}
     """
 
     def __init__(self):
@@ -102,13 +116,25 @@ def _dispatch(axis: str, kind: str, raw: float, wire: float, fallback: bool) -> 
 
 
 def enabled() -> bool:
-    """Whether collectives traced now record their traffic (a Ledger is active, not disabled)."""
+    """Whether collectives traced now record their traffic (a Ledger is active, not disabled).
+
+    >>> jaxhc.accounting.enabled()
+    False
+    >>> with jaxhc.accounting.Ledger():
+    ...     jaxhc.accounting.enabled()
+    True
+    """
     return context.recording()
 
 
 @contextlib.contextmanager
 def disabled():
-    """Trace collectives without accounting callbacks (for speed on accelerators)."""
+    """Trace collectives without accounting callbacks (for speed on accelerators).
+
+    >>> with jaxhc.accounting.Ledger(), jaxhc.accounting.disabled():
+    ...     jaxhc.accounting.enabled()
+    False
+    """
     with context._replaced(callbacks=False):
         yield
 
@@ -121,7 +147,17 @@ def captured():
     """Also collect, as ``(axis_name, kind, raw, wire, fallback)``, the executions that
     collectives traced inside record (nothing when accounting is off). For a computation that
     runs again where jax does not replay callbacks (`jax.checkpoint`'s recomputation in the
-    backward): its caller records them there once more with `record`."""
+    backward): its caller records them there once more with `record`.
+
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    >>> f = jax.shard_map(lambda g: jaxhc.psum(g, "data"), mesh=mesh, in_specs=P("data"),
+    ...                   out_specs=P("data"))
+    >>> with jaxhc.accounting.Ledger(), jaxhc.accounting.captured() as calls:
+    ...     _ = jax.make_jaxpr(f)(jnp.ones((2, 1024)))
+    >>> calls                               # (axis, kind, raw, wire, fallback)
+    [('data', None, 4096.0, 4096.0, False)]
+    """
     calls: list = []
     _CAPTURES.append(calls)
     try:
@@ -138,6 +174,11 @@ def record(axis_name, kind: str | None, raw: float, wire, fallback=False, anchor
     collective's result) makes the callback depend on data the collective produced: without it,
     JAX hoists the callback out of a `lax.scan` under `jax.grad` as loop-invariant, and it would
     run once instead of once per iteration.
+
+    >>> with jaxhc.accounting.Ledger() as ledger:
+    ...     jaxhc.accounting.record("tensor", "act", 2048.0, 2048.0, fallback=True)
+    >>> ledger.per_axis()["tensor"]["fallbacks"]
+    1.0
     """
     if not enabled():
         return

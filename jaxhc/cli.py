@@ -53,6 +53,7 @@ def host_devices(cfg, env=None) -> int:
 
 
 def _train_parser(sub) -> None:
+    from jaxhc.codecs import SPEC_FORMS
     from jaxhc.policy import PRESETS
 
     p = sub.add_parser(
@@ -60,11 +61,14 @@ def _train_parser(sub) -> None:
     )
     p.add_argument("--config", help="experiment YAML (default: the built-in small GPT)")
     p.add_argument(
-        "--compression", help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path"
+        "--compression",
+        help=f"policy preset ({', '.join(PRESETS)}) or a policy YAML path, whose axes name "
+        f"codecs as {', '.join(SPEC_FORMS.values())} or off",
     )
     p.add_argument(
         "--init",
-        help="hf:PATH: start from a local transformers GPT-2 folder (the model follows its config)",
+        help="hf:PATH: start from a local transformers GPT-2 or LLaMA folder (the model follows "
+        "its config)",
     )
     p.add_argument("--mesh", help="e.g. data=2,tensor=2,pipe=2[,microbatches=2]")
     p.add_argument("--steps", type=int, help="training steps (also the schedule's length)")
@@ -347,6 +351,9 @@ def cmd_plan(args) -> int:
         f"{cluster.memory / 2**30:g} GiB each; batch {args.batch} x {seq} tokens, "
         f"{args.precision}; predicted (jaxhc.plan.cost), communication only"
     )
+    schedule = cluster.to_dict().get("schedule")
+    if schedule:  # the data-axis collectives as the cluster file's schedule runs them
+        print("schedule: " + ", ".join(f"{k} {v}" for k, v in schedule.items()))
     print(table(rows, args.top, args.rejected))
     if args.compare:
         from jaxhc.plan.search import HEADER

@@ -18,10 +18,17 @@ makes it part of every `jax.jit` cache key and trace context, so a function trac
 policy (or transport, or accounting) is never reused under another; it is traced and compiled
 again. `jaxhc.transport.use` and ``with ledger:`` are entry points onto this same value.
 
->>> import jaxhc
->>> with jaxhc.context.use(policy="zhybrid"):            # doctest: +SKIP
-...     y = jaxhc.psum(grads, "data", kind="grad")       # zfp:8, as the policy says for data
-...     z = jaxhc.psum(grads, "data", codec="q8")        # explicit: q8
+>>> from jax.sharding import Mesh, PartitionSpec as P
+>>> mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+>>> def f(g):
+...     return jaxhc.psum(g, "data", kind="grad")         # the codec comes from the context
+>>> step = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+>>> g = jnp.linspace(0.0, 1.0, 2 * 65536).reshape(2, -1)
+>>> with jaxhc.context.use(policy="zhybrid"):             # zfp:8 for data gradients
+...     compressed = step(g)
+>>> plain = step(g)                                       # no policy: lax.psum, compiled anew
+>>> bool(jnp.array_equal(compressed, plain)), bool(jnp.allclose(compressed, plain, atol=1e-2))
+(False, True)
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ class Context:
     transport: the `jaxhc.transport.Transport` collectives move bytes with (None: XLA).
     ledger:    whether a `jaxhc.accounting.Ledger` is active.
     callbacks: False inside `jaxhc.accounting.disabled` (no traffic callbacks even in a Ledger).
+
+    >>> jaxhc.context.current()
+    Context(policy=None, transport=None, ledger=False, callbacks=True)
     """
 
     policy: Policy | None = None
@@ -62,22 +72,42 @@ _STATE = jax.make_user_context(Context())
 
 
 def current() -> Context:
-    """This thread's context."""
+    """This thread's context.
+
+    >>> with jaxhc.context.use(policy="q8"):
+    ...     jaxhc.context.current().policy.name
+    'q8'
+    """
     return _STATE.value
 
 
 def as_policy(policy: Policy | str | os.PathLike | None) -> Policy | None:
-    """A Policy (unchanged), a preset name or a policy YAML path loaded, or None."""
+    """A Policy (unchanged), a preset name or a policy YAML path loaded, or None.
+
+    >>> jaxhc.context.as_policy("zhybrid").name, jaxhc.context.as_policy(None)
+    ('zhybrid', None)
+    """
     return None if policy is None else Policy.load(policy)
 
 
 def policy() -> Policy | None:
-    """The policy collectives compress by when they are given neither ``codec=`` nor ``policy=``."""
+    """The policy collectives compress by when they are given neither ``codec=`` nor ``policy=``.
+
+    >>> jaxhc.context.policy() is None
+    True
+    >>> with jaxhc.context.use(policy="mzhybrid"):
+    ...     jaxhc.context.policy().codec_for("tensor")
+    Mpc(dim=1, budget=0.95)
+    """
     return current().policy
 
 
 def transport() -> Transport:
-    """The transport collectives trace with (XLA unless `use` says otherwise)."""
+    """The transport collectives trace with (XLA unless `use` says otherwise).
+
+    >>> jaxhc.context.transport().name
+    'xla'
+    """
     chosen = current().transport
     if chosen is None:
         from jaxhc.transport.xla import XlaTransport
@@ -87,7 +117,12 @@ def transport() -> Transport:
 
 
 def recording() -> bool:
-    """Whether collectives traced now record their traffic (a Ledger is active, not disabled)."""
+    """Whether collectives traced now record their traffic (a Ledger is active, not disabled).
+
+    >>> with jaxhc.accounting.Ledger():
+    ...     jaxhc.context.recording()
+    True
+    """
     ctx = current()
     return ctx.ledger and ctx.callbacks
 
@@ -99,7 +134,12 @@ _KEEP: Any = object()
 def use(*, policy: Any = _KEEP, transport: Any = _KEEP):
     """Trace jaxhc collectives with `policy` and/or `transport` inside this block (what is not
     given stays as it was). ``policy=None``: plain collectives; a preset name or YAML path is
-    loaded here. Yields the new `Context`."""
+    loaded here. Yields the new `Context`.
+
+    >>> with jaxhc.context.use(policy="zfp8") as ctx:
+    ...     ctx.policy.codec_for("pipe")
+    Zfp(rate=8.0, dims=1)
+    """
     changes = {}
     if policy is not _KEEP:
         changes["policy"] = as_policy(policy)

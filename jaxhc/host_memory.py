@@ -68,5 +68,10 @@ def reuse_freed_memory() -> bool:
 
 
 def freed_memory_reused() -> bool:
-    """Whether `reuse_freed_memory` has turned the reuse on in this process."""
+    """Whether `reuse_freed_memory` has turned the reuse on in this process.
+
+    >>> from jaxhc import host_memory
+    >>> host_memory.freed_memory_reused() in (True, False)
+    True
+    """
     return _reused

@@ -34,12 +34,25 @@ __all__ = [
 
 
 def is_spec(s) -> bool:
-    """Whether `s` is a leaf of a spec tree: a PartitionSpec or None (replicated)."""
+    """Whether `s` is a leaf of a spec tree: a PartitionSpec or None (replicated).
+
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from jaxhc.partition import is_spec
+    >>> is_spec(P("data")), is_spec(None), is_spec((P(),))
+    (True, True, False)
+    """
     return s is None or isinstance(s, P)
 
 
 def map_specs(fn, specs, tree):
-    """Apply fn(spec, leaf), `specs` being a pytree prefix of `tree` (as shard_map's specs are)."""
+    """Apply fn(spec, leaf), `specs` being a pytree prefix of `tree` (as shard_map's specs are).
+
+    >>> from jax.sharding import PartitionSpec as P
+    >>> tree = {"w": np.zeros((4, 2)), "b": np.zeros(2)}
+    >>> specs = {"w": P("data"), "b": None}
+    >>> jaxhc.partition.map_specs(lambda spec, x: (spec, x.shape), specs, tree)
+    {'b': (None, (2,)), 'w': (P('data',), (4, 2))}
+    """
 
     def per_subtree(spec, sub):
         return jax.tree.map(lambda leaf: fn(spec, leaf), sub)
@@ -69,7 +82,12 @@ def _index(axes, coords, mesh_shape):
 
 
 def block_slices(spec, shape, coords, mesh_shape) -> tuple[slice, ...]:
-    """The slices of a global array of `shape` that the process at `coords` holds under `spec`."""
+    """The slices of a global array of `shape` that the process at `coords` holds under `spec`.
+
+    >>> from jax.sharding import PartitionSpec as P
+    >>> jaxhc.partition.block_slices(P("data"), (8, 3), {"data": 1}, {"data": 4})
+    (slice(2, 4, None), slice(0, 3, None))
+    """
     out = []
     for dim, axes in zip(shape, _entries(spec, len(shape), mesh_shape), strict=True):
         parts = math.prod(mesh_shape[a] for a in axes)
@@ -85,19 +103,37 @@ def block_slices(spec, shape, coords, mesh_shape) -> tuple[slice, ...]:
 
 
 def local_block(spec, x, coords, mesh_shape):
-    """The block of the global array `x` that the process at `coords` holds under `spec`."""
+    """The block of the global array `x` that the process at `coords` holds under `spec`.
+
+    >>> from jax.sharding import PartitionSpec as P
+    >>> jaxhc.partition.local_block(P("data"), np.arange(4), {"data": 1}, {"data": 2})
+    array([2, 3])
+    """
     x = np.asarray(x)
     return x[block_slices(spec, x.shape, coords, mesh_shape)]
 
 
 def owns_block(spec, ndim, coords, mesh_shape) -> bool:
-    """Whether this process holds the canonical copy of its block: coordinate 0 on unnamed axes."""
+    """Whether this process holds the canonical copy of its block: coordinate 0 on unnamed axes.
+
+    >>> from jax.sharding import PartitionSpec as P
+    >>> mesh = {"data": 2, "tensor": 2}
+    >>> [jaxhc.partition.owns_block(P("data"), 1, {"data": d, "tensor": t}, mesh)
+    ...  for d in (0, 1) for t in (0, 1)]
+    [True, False, True, False]
+    """
     named = {a for axes in _entries(spec, ndim, mesh_shape) for a in axes}
     return all(coords[a] == 0 for a in mesh_shape if a not in named)
 
 
 def global_shape(spec, block_shape, mesh_shape) -> tuple[int, ...]:
-    """The shape of the global array whose blocks under `spec` have `block_shape`."""
+    """The shape of the global array whose blocks under `spec` have `block_shape`.
+
+    >>> from jax.sharding import PartitionSpec as P
+    >>> spec = P(None, ("data", "tensor"))
+    >>> jaxhc.partition.global_shape(spec, (3, 2), {"data": 2, "tensor": 4})
+    (3, 16)
+    """
     entries = _entries(spec, len(block_shape), mesh_shape)
     return tuple(
         d * math.prod(mesh_shape[a] for a in axes)
@@ -106,7 +142,13 @@ def global_shape(spec, block_shape, mesh_shape) -> tuple[int, ...]:
 
 
 def assemble(spec, blocks, all_coords, mesh_shape) -> np.ndarray:
-    """The global array from every rank's block (`blocks[r]` is held at `all_coords[r]`)."""
+    """The global array from every rank's block (`blocks[r]` is held at `all_coords[r]`).
+
+    >>> from jax.sharding import PartitionSpec as P
+    >>> blocks = [np.array([0, 1]), np.array([2, 3])]
+    >>> jaxhc.partition.assemble(P("data"), blocks, [{"data": 0}, {"data": 1}], {"data": 2})
+    array([0, 1, 2, 3])
+    """
     first = np.asarray(blocks[0])
     out = np.empty(global_shape(spec, first.shape, mesh_shape), first.dtype)
     for block, coords in zip(blocks, all_coords, strict=True):

@@ -39,6 +39,14 @@ rotated blocks, ``q4:h``), budget:, dim:}``,
 or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed are ``off``, but
 for the sub-axes ``data.0``, ``data.1``, ... of a nested data axis (`jaxhc.parallel.amsp`), which
 take the entry of ``data`` unless they have their own (e.g. a lighter codec inside a node).
+
+The traffic kinds, the dtype keys and the shipped presets:
+
+>>> from jaxhc.policy import DTYPES, KINDS, PRESETS
+>>> KINDS, DTYPES
+(('grad', 'param', 'act'), ('float32', 'bfloat16', 'float16', 'float64'))
+>>> "zhybrid" in PRESETS and jaxhc.Policy.preset("zhybrid").codec_for("data", "grad").spec
+'zfp:8'
 """
 
 from __future__ import annotations
@@ -64,7 +72,12 @@ _SAMPLE = 1 << 20
 
 @dataclasses.dataclass(frozen=True)
 class AxisPolicy:
-    """The codec of one mesh axis (None: plain lax) and its per-kind overrides."""
+    """The codec of one mesh axis (None: plain lax) and its per-kind overrides.
+
+    >>> data = dict(jaxhc.Policy.preset("q4_ef").axes)["data"]
+    >>> data.codec_for("grad").spec, data.codec_for("param").spec, data.error_feedback
+    ('q4:h', 'q8', True)
+    """
 
     codec: Codec | None
     overrides: tuple[tuple[str, Codec | None], ...] = ()
@@ -348,7 +361,7 @@ PRESETS: dict[str, dict] = {
 }
 # The hybrids with error feedback on the data-parallel gradients, their ZFP in 3-D blocks (64
 # values per exponent): the same bits as 1-D, ~3x less error on gradients and activations; over
-# three seeds it took the hybrids' loss gap to none within 0.5 % (README, "Error feedback").
+# three seeds it took the hybrids' loss gap to none within 0.5 % (docs/benchmarks.md, the sweep).
 _EF = {"codec": "zfp", "rate": 8, "dims": 3, "error_feedback": True}
 _ZFP16_D3 = {"codec": "zfp", "rate": 16, "dims": 3, "bfloat16": "zfp:12:d3", "float16": "zfp:12:d3"}
 PRESETS["mzhybrid_ef"] = {"axes": {**PRESETS["mzhybrid"]["axes"], "data": _EF}}

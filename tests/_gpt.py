@@ -17,6 +17,17 @@ from jaxhc.parallel.layout import decay_mask
 SEED = 0
 BATCH = 8
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=4, n_embd=32)
+# A tiny LLaMA: grouped-query attention (2 key/value heads for 4), an untied head.
+LLAMA = GPTConfig(
+    arch="llama",
+    vocab_size=64,
+    block_size=16,
+    n_layer=2,
+    n_head=4,
+    n_kv_head=2,
+    n_embd=64,
+    intermediate_size=96,
+)
 # Clipping triggers (grad norm ~1.2) and the rate changes between the two steps the tests run.
 # Adam's first steps are ~lr * sign(g): with a tiny eps, gradients that are zero up to rounding
 # (the key bias's, exactly zero in exact arithmetic) flip sign with the summation order and move

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 import shutil
 
 import jax
@@ -74,6 +75,23 @@ def mpi_ready() -> str | None:
         if importlib.util.find_spec(mod) is None:
             return f"{mod} is not installed; `make test` installs the [mpi] extra"
     return None
+
+
+def skip_unless_fused_under_mpirun() -> None:
+    """Skip the calling test module unless it runs under mpirun with the fused MPI collectives
+    built (call it before importing mpi4py: that would MPI_Init a process outside mpirun)."""
+    import pytest
+
+    if mpi_ready():
+        pytest.skip(mpi_ready(), allow_module_level=True)
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        pytest.skip("runs under mpirun (make test-mpi)", allow_module_level=True)
+    from jaxhc.transport import _mpi_fused
+
+    if not _mpi_fused.available():
+        pytest.skip(
+            "jaxhc was built without an MPI library (no _jaxhc_mpi)", allow_module_level=True
+        )
 
 
 # --- the per-shard program every transport must agree on ----------------------------------------

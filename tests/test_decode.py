@@ -11,26 +11,32 @@ import pytest
 
 from jaxhc.model import gpt
 from jaxhc.model.decode import forward, generate, init_cache, keep_tokens
-from tests._gpt import CFG, SEED
+from tests._gpt import CFG, LLAMA, SEED
 
 
-@pytest.fixture(scope="module")
-def params():
-    """Random parameters of CFG's shapes (numpy: no initializer to compile)."""
-    shapes = jax.eval_shape(lambda: gpt.init_params(CFG, SEED))
+def random_params(cfg):
+    """Random parameters of `cfg`'s shapes (numpy: no initializer to compile)."""
+    shapes = jax.eval_shape(lambda: gpt.init_params(cfg, SEED))
     rng = np.random.default_rng(SEED)
     return jax.tree.map(lambda s: (0.1 * rng.standard_normal(s.shape)).astype(np.float32), shapes)
 
 
-def test_cached_logits_equal_the_full_forward(params):
+@pytest.fixture(scope="module")
+def params():
+    return random_params(CFG)
+
+
+@pytest.mark.parametrize("cfg", [CFG, LLAMA], ids=["gpt2", "llama"])
+def test_cached_logits_equal_the_full_forward(cfg):
+    params = random_params(cfg)
     rng = np.random.default_rng(3)
-    idx = rng.integers(0, CFG.vocab_size, (2, CFG.block_size)).astype(np.int32)
-    full = np.asarray(jax.jit(gpt.logits, static_argnums=2)(params, idx, CFG))
+    idx = rng.integers(0, cfg.vocab_size, (2, cfg.block_size)).astype(np.int32)
+    full = np.asarray(jax.jit(gpt.logits, static_argnums=2)(params, idx, cfg))
     n = 5  # a prompt of 5, then one token at a time
-    logits, cache = forward(params, idx[:, :n], 0, init_cache(CFG, 2), CFG)
+    logits, cache = forward(params, idx[:, :n], 0, init_cache(cfg, 2), cfg)
     np.testing.assert_allclose(np.asarray(logits), full[:, :n], rtol=1e-5, atol=1e-5)
-    step = jax.jit(lambda p, t, pos, c: forward(p, t, pos, c, CFG))
-    for pos in range(n, CFG.block_size):
+    step = jax.jit(lambda p, t, pos, c: forward(p, t, pos, c, cfg))
+    for pos in range(n, cfg.block_size):
         logits, cache = step(params, idx[:, pos : pos + 1], pos, cache)
         np.testing.assert_allclose(np.asarray(logits[:, 0]), full[:, pos], rtol=1e-5, atol=1e-5)
 

@@ -140,8 +140,11 @@ def test_the_run_config_follows_the_checkpoint(hf, tmp_path):
     for overrides, message in bad:
         with pytest.raises(ValueError, match=message):
             load(None, overrides)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ValueError, match="model_type 'llama' is not gpt2"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
+    with pytest.raises(ValueError, match="model_type 'gpt_neox' is not gpt2 or llama"):
+        load(None, [init])
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "mlp_bias": True}))
+    with pytest.raises(ValueError, match="mlp_bias: jaxhc's LLaMA has no biases"):
         load(None, [init])
 
 

@@ -82,6 +82,7 @@ def test_bad_options_are_one_line():
         (["run", "--rate", "fast", "--", "true"], "bad link rate 'fast'"),
         (["run"], "run: no command given"),
         (["bench", "--hosts", "1"], "--hosts '1': expected a whole number >= 2"),
+        (["train", "--overlap", "yes"], "--overlap 'yes': expected on, off or on,off"),
     ]:
         proc = subprocess.run([*CLI, *argv], cwd=ROOT, capture_output=True, text=True)
         lines = proc.stderr.splitlines()

@@ -26,6 +26,16 @@ from tests._gpt import CFG, OPTIM, SEED, mesh_of
             MeshConfig(pipe=4),
             "model.n_layer=6 is not divisible by mesh pipe=4",
         ),
+        (
+            GPTConfig(arch="llama", n_head=8, n_kv_head=2, n_embd=64),
+            MeshConfig(tensor=4),
+            "model.n_kv_head=2 is not divisible by mesh tensor=4",
+        ),
+        (
+            GPTConfig(arch="llama", n_head=4, n_embd=64, intermediate_size=90),
+            MeshConfig(tensor=4),
+            "model.intermediate_size=90 is not divisible by mesh tensor=4",
+        ),
     ],
 )
 def test_model_must_split_over_the_mesh(model, mesh, message):

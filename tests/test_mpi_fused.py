@@ -12,7 +12,6 @@ the fused call really ran.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import mpi_helpers as h
@@ -22,19 +21,13 @@ from jax.sharding import PartitionSpec as P
 
 pytestmark = [pytest.mark.mpi]
 
-if h.mpi_ready():
-    pytest.skip(h.mpi_ready(), allow_module_level=True)
-if "OMPI_COMM_WORLD_SIZE" not in os.environ:  # importing mpi4py would MPI_Init this process
-    pytest.skip("runs under mpirun (make test-mpi)", allow_module_level=True)
+h.skip_unless_fused_under_mpirun()
 
 from mpi4py import MPI  # noqa: E402
 
 import jaxhc  # noqa: E402
 from jaxhc.partition import local_block  # noqa: E402
 from jaxhc.transport import _mpi_fused  # noqa: E402
-
-if not _mpi_fused.available():
-    pytest.skip("jaxhc was built without an MPI library (no _jaxhc_mpi)", allow_module_level=True)
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

@@ -12,7 +12,7 @@ import pytest
 from _gpt import CFG
 
 import jaxhc
-from jaxhc.model.config import MeshConfig
+from jaxhc.model.config import GPTConfig, MeshConfig
 from jaxhc.parallel.state import Plan
 from jaxhc.plan import amsp_bytes, data_collectives, load_shape, state_bytes
 from jaxhc.plan import cluster as clusters
@@ -62,10 +62,15 @@ def _layout(mesh: MeshConfig, **kw) -> Layout:
 
 
 def test_parameter_counts():
-    """GPT-2 shapes count what jaxhc's model holds; LLaMA-7B the released checkpoint's count."""
-    for name in ("gpt2-small", "gpt2-medium"):
-        shape = load_shape(name)
-        assert shape.params() == Plan(shape.gpt, MeshConfig()).layout.size
+    """GPT-2 and LLaMA shapes count what jaxhc's model holds (a tiny LLaMA with grouped-query
+    attention and a tied head too); LLaMA-7B the released checkpoint's count."""
+    tiny = GPTConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=1, n_embd=64, vocab_size=96)
+    tied = dataclasses.replace(tiny, tie_word_embeddings=True)
+    for shape in [load_shape(n) for n in ("gpt2-small", "gpt2-medium", "llama-7b")] + [
+        from_gpt("tiny", tiny),
+        from_gpt("tied", tied),
+    ]:
+        assert shape.params() == Plan(shape.gpt, MeshConfig()).layout.size, shape.name
     assert LLAMA["llama-7b"].params() == 6_738_415_616
     assert 12.8e9 < LLAMA["llama-13b"].params() < 13.1e9
     assert 32.0e9 < LLAMA["llama-30b"].params() < 32.6e9
@@ -166,7 +171,10 @@ def test_sharded_parameters_follow_the_formulas():
     assert trainable(SHAPE, lay) == "yes"
     assert trainable(SHAPE, nested) == "yes"
     assert trainable(SHAPE, dataclasses.replace(lay, params=1)) == "yes"
-    assert trainable(LLAMA["llama-7b"], lay) == "shapes only"
+    assert trainable(LLAMA["llama-7b"], lay) == "yes"
+    mixed = dataclasses.replace(lay, precision="mixed")
+    assert trainable(LLAMA["llama-7b"], mixed) == "not as counted (jaxhc trains float32)"
+    assert trainable(dataclasses.replace(SHAPE, gpt=None), lay) == "shapes only"
 
 
 def test_per_layer_gathers_follow_the_formulas():

@@ -1,6 +1,6 @@
 """The links benchmark's outputs: JSON (with the command and machine), a markdown table, a PNG.
 
-python -m bench.links report bench/results/links_baseline.json   # redo the .md and .png
+python -m bench.links report bench/results/links_mpi_unfused.json   # redo the .md and .png
 python -m bench.links report bench/results/train_links.json      # (training's: train_report.py)
 python -m bench.links compare before.json after.json              # before / after, per cell
 """

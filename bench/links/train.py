@@ -53,6 +53,12 @@ def add_arguments(ap: argparse.ArgumentParser, *, peer_only: bool = False) -> No
         "--peer-threads", type=int,
         help="torch threads per DDP rank (default: the cores a rank may run on, as jaxhc's)",
     )  # fmt: skip
+    ap.add_argument(
+        "--overlap", default="",
+        help="train.overlap per jaxhc run, back to back: on, off or on,off (default: the "
+        "config's; each layer's gradients reduced in the backward, which on the MPI transport "
+        "moves their bytes while the earlier layers' backward runs)",
+    )  # fmt: skip
     ap.add_argument("--steps", type=int, help="override train.steps")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     ap.add_argument(
@@ -75,6 +81,9 @@ def resolve(args: argparse.Namespace) -> dict:
     rates = [rate_label(r) for r in str(args.rate).split(",")]
     policies = [p.strip() for p in str(args.policies).split(",") if p.strip()]
     hooks = peer.parse_hooks(args.peer)
+    overlap = [o.strip() for o in str(args.overlap).split(",") if o.strip()] or [None]
+    if any(o not in ("on", "off", None) for o in overlap) or len(set(overlap)) < len(overlap):
+        raise ValueError(f"--overlap {args.overlap!r}: expected on, off or on,off")
     if not policies and not hooks:
         raise ValueError("nothing to train: give --policies and/or --peer")
     if args.steps is not None and args.steps <= SKIP_STEPS:
@@ -83,7 +92,9 @@ def resolve(args: argparse.Namespace) -> dict:
         raise ValueError(f"--peer-threads {args.peer_threads}: expected a whole number >= 1")
     if hooks and importlib.util.find_spec("torch") is None:
         raise ValueError("--peer needs PyTorch: make setup-peer (pip install -e '.[peer]')")
-    return {"hosts": hosts, "rates": rates, "policies": policies, "hooks": hooks}
+    return {
+        "hosts": hosts, "rates": rates, "policies": policies, "hooks": hooks, "overlap": overlap,
+    }  # fmt: skip
 
 
 def summarize(records: list[dict]) -> dict:
@@ -118,6 +129,7 @@ def run(args) -> dict:
         config=args.config, rate=",".join(plan["rates"]), rates=plan["rates"],
         transport=args.transport, overrides=args.overrides, skip_steps=SKIP_STEPS,
         policies=plan["policies"], peer_hooks=plan["hooks"], runs=[],
+        overlap=[o for o in plan["overlap"] if o],
     )  # fmt: skip
     if plan["hooks"]:
         result["peer"] = {
@@ -134,8 +146,9 @@ def run(args) -> dict:
                 for rate in plan["rates"]:
                     cluster.set_rate(rate)
                     for policy in plan["policies"]:
-                        row = _jaxhc(cluster, policy, args, os.path.join(tmp, f"p{hosts}-{rate}"))
-                        _add(result, row, out)
+                        for overlap in plan["overlap"]:
+                            prefix = os.path.join(tmp, f"p{hosts}-{rate}-{overlap or 'default'}")
+                            _add(result, _jaxhc(cluster, policy, args, prefix, overlap), out)
                     for hook in plan["hooks"]:
                         run_dir = os.path.join(tmp, f"p{hosts}-{rate}-ddp-{hook}")
                         row = _peer(cluster, hook, args, run_dir)
@@ -145,7 +158,7 @@ def run(args) -> dict:
     return result
 
 
-def _jaxhc(cluster: Cluster, policy: str, args, prefix: str) -> dict:
+def _jaxhc(cluster: Cluster, policy: str, args, prefix: str, overlap: str | None) -> dict:
     run_dir = f"{prefix}-{policy}"
     cmd = [str(Path(sys.executable).parent / "jaxhc"), "train", "--transport", args.transport]
     cmd += ["--config", args.config, "--compression", policy]
@@ -153,8 +166,11 @@ def _jaxhc(cluster: Cluster, policy: str, args, prefix: str) -> dict:
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     cmd += list(args.overrides)
+    if overlap is not None:
+        cmd += [f"train.overlap={'true' if overlap == 'on' else 'false'}"]
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1"}
-    print(f"P={cluster.hosts} {cluster.rate} jaxhc {policy}: training ...", flush=True)
+    label = f"jaxhc {policy}" + (f" overlap {overlap}" if overlap else "")
+    print(f"P={cluster.hosts} {cluster.rate} {label}: training ...", flush=True)
     load_at_start = os.getloadavg()  # this machine is shared: say how busy
     if args.transport == "xla":  # one process per host, one device each, jax.distributed
         cluster.run_distributed(cmd, timeout=args.timeout, env=env)
@@ -162,7 +178,9 @@ def _jaxhc(cluster: Cluster, policy: str, args, prefix: str) -> dict:
         cluster.run(cmd, timeout=args.timeout, env=env)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
-    row = {"system": "jaxhc", "policy": policy, "label": f"jaxhc {policy}", **summarize(records)}
+    row = {"system": "jaxhc", "policy": policy, "label": label, **summarize(records)}
+    if overlap is not None:
+        row["overlap"] = overlap == "on"
     return {**_where(cluster), **row, "load_average_at_start": load_at_start}
 
 
@@ -191,7 +209,7 @@ def _add(result: dict, row: dict, out: Path) -> None:
 
 
 def _line(s: dict) -> str:
-    head = f"  P={s['hosts']} {s['rate']} {s['label']:13s}"
+    head = f"  P={s['hosts']} {s['rate']} {s['label']:25s}"
     if "failed" in s:
         return f"{head} failed: {s['failed']}"
     wire = sum(s["wire_bytes_per_step"].values()) / 1e6

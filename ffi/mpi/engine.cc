@@ -60,14 +60,21 @@ class Buffer {
   size_t cap_ = 0;
 };
 
-struct Workspace {
-  std::mutex mu;  // one fused collective at a time per process (they are ordered anyway)
+}  // namespace
+
+class Workspace {
+ public:
+  std::mutex mu;  // one fused collective at a time per workspace (they are ordered anyway)
   Buffer send1, recv1, send2, recv2, reduced, stage;
 };
 
-Workspace& workspace() {
-  static Workspace w;
-  return w;
+Workspace* new_workspace() { return new Workspace; }
+
+namespace {
+
+Workspace& workspace(const Options& opt) {
+  static Workspace shared;
+  return opt.workspace ? *opt.workspace : shared;
 }
 
 constexpr int kSpins = 64;       // polls before the waiting thread starts to nap
@@ -204,8 +211,8 @@ Geometry make_geometry(MPI_Comm comm, Elem e, uint64_t n, uint64_t per, uint64_t
 // values travel as they are, straight from x and into y where they can (no header, no copies).
 class Call {
  public:
-  Call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g)
-      : e_(e), codec_(codec), g_(g), ex_(comm) {
+  Call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, Workspace& w)
+      : e_(e), codec_(codec), g_(g), ex_(comm), w_(w) {
     uint64_t vals = round_up(g.L * g.eb, 8);
     slot_ = codec ? kHeader + std::max(round_up(codec->capacity(g.L), 8),
                                        codec->may_send_raw() ? vals : 0)
@@ -238,7 +245,7 @@ class Call {
   SegmentCodec* codec_;
   Geometry g_;
   Exchange ex_;
-  Workspace& w_ = workspace();
+  Workspace& w_;
   uint64_t slot_;
   bool ok_values_ = true, ok_reduced_ = true, over_budget_ = false;
 };
@@ -454,9 +461,9 @@ struct Outcome {
   bool ok_values, ok_reduced, over_budget;
 };
 
-Outcome run_call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, const void* x,
-                 uint8_t* chunk, void* y, bool scatter, bool gather, Stats* stats) {
-  Call call(comm, e, codec, g);
+Outcome run_call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, Workspace& w,
+                 const void* x, uint8_t* chunk, void* y, bool scatter, bool gather, Stats* stats) {
+  Call call(comm, e, codec, g, w);
   call.run(x, chunk, y, scatter, gather);
   stats->wire_bytes += call.sent();
   if (call.over_budget()) stats->fallback = 1;
@@ -470,23 +477,24 @@ std::string psum(MPI_Comm comm, Elem e, const void* x, uint64_t n, void* y, Segm
   const int P = comm_size(comm);
   const uint64_t per = chunk_values(n, P);
   const size_t eb = elem_bytes(e);
-  std::lock_guard<std::mutex> lock(workspace().mu);
+  Workspace& w = workspace(opt);
+  std::lock_guard<std::mutex> lock(w.mu);
   Geometry pg = make_geometry(comm, e, n, per, per, nullptr, opt);
   if (codec) {
     Geometry g = make_geometry(comm, e, n, per, round_up(per, 4), codec, opt);
-    uint8_t* chunk = workspace().reduced.get(g.m * eb);
-    Outcome o = run_call(comm, e, codec, g, x, chunk, y, true, true, stats);
+    uint8_t* chunk = w.reduced.get(g.m * eb);
+    Outcome o = run_call(comm, e, codec, g, w, x, chunk, y, true, true, stats);
     if (o.ok_values && o.ok_reduced) return "";
     stats->fallback = 1;
     if (o.ok_values) {  // a reduced chunk is not finite: gather the sums as they are
-      run_call(comm, e, nullptr, pg, nullptr, chunk, y, false, true, stats);
+      run_call(comm, e, nullptr, pg, w, nullptr, chunk, y, false, true, stats);
       return "";
     }
   }
   // Plain: this rank's sums go straight into y when its chunk lies wholly inside it.
   uint8_t* chunk = (pg.me + 1) * per <= n ? static_cast<uint8_t*>(y) + pg.me * per * eb
-                                          : workspace().reduced.get(per * eb);
-  run_call(comm, e, nullptr, pg, x, chunk, y, true, true, stats);
+                                          : w.reduced.get(per * eb);
+  run_call(comm, e, nullptr, pg, w, x, chunk, y, true, true, stats);
   return "";
 }
 
@@ -494,11 +502,12 @@ std::string psum_scatter(MPI_Comm comm, Elem e, const void* x, uint64_t per, voi
                          SegmentCodec* codec, const Options& opt, Stats* stats) {
   const int P = comm_size(comm);
   const size_t eb = elem_bytes(e);
-  std::lock_guard<std::mutex> lock(workspace().mu);
+  Workspace& w = workspace(opt);
+  std::lock_guard<std::mutex> lock(w.mu);
   if (codec) {
     Geometry g = make_geometry(comm, e, P * per, per, round_up(per, 4), codec, opt);
-    uint8_t* chunk = workspace().reduced.get(g.m * eb);
-    Outcome o = run_call(comm, e, codec, g, x, chunk, nullptr, true, false, stats);
+    uint8_t* chunk = w.reduced.get(g.m * eb);
+    Outcome o = run_call(comm, e, codec, g, w, x, chunk, nullptr, true, false, stats);
     stats->wire_bytes += 4 * (P - 1);  // the agreement
     int bits = any_rank(comm, (o.ok_values ? 0 : 1) | (o.over_budget ? 2 : 0));
     stats->fallback = bits != 0;
@@ -508,23 +517,24 @@ std::string psum_scatter(MPI_Comm comm, Elem e, const void* x, uint64_t per, voi
     }
   }
   Geometry pg = make_geometry(comm, e, P * per, per, per, nullptr, opt);
-  run_call(comm, e, nullptr, pg, x, static_cast<uint8_t*>(y), nullptr, true, false, stats);
+  run_call(comm, e, nullptr, pg, w, x, static_cast<uint8_t*>(y), nullptr, true, false, stats);
   return "";
 }
 
 std::string all_gather(MPI_Comm comm, Elem e, const void* x, uint64_t k, void* y,
                        SegmentCodec* codec, const Options& opt, Stats* stats) {
   const int P = comm_size(comm);
-  std::lock_guard<std::mutex> lock(workspace().mu);
+  Workspace& w = workspace(opt);
+  std::lock_guard<std::mutex> lock(w.mu);
   uint8_t* own = const_cast<uint8_t*>(static_cast<const uint8_t*>(x));  // read, never written
   if (codec) {
     Geometry g = make_geometry(comm, e, P * k, k, k, codec, opt);
-    Outcome o = run_call(comm, e, codec, g, nullptr, own, y, false, true, stats);
+    Outcome o = run_call(comm, e, codec, g, w, nullptr, own, y, false, true, stats);
     if (o.ok_values && o.ok_reduced) return "";
     stats->fallback = 1;
   }
   Geometry pg = make_geometry(comm, e, P * k, k, k, nullptr, opt);
-  run_call(comm, e, nullptr, pg, nullptr, own, y, false, true, stats);
+  run_call(comm, e, nullptr, pg, w, nullptr, own, y, false, true, stats);
   return "";
 }
 

@@ -61,8 +61,17 @@ struct Stats {
   int64_t fallback = 0;    // 1: a phase went plain, or a segment went raw over its budget
 };
 
+// The buffers of the calls that run on one thread at a time (grow-only, kept across calls).
+class Workspace;
+
+// A workspace of its own (for a progress thread, ffi/mpi/queue.h); it lives until the process ends.
+Workspace* new_workspace();
+
 struct Options {
   uint64_t segment_bytes = 1 << 20;  // raw bytes per segment (rounded to the codec's alignment)
+  // Where the call keeps its buffers; nullptr: the process's shared workspace (whose calls then
+  // run one at a time). Calls that may run concurrently need workspaces of their own.
+  Workspace* workspace = nullptr;
 };
 
 // psum of n values: y (n values) = the reduced, decoded sum on every rank. codec nullptr: plain

@@ -9,6 +9,11 @@
 //          (mpc; <= 0: none), segment_bytes
 //   stats: S32 [3] = the bytes this rank sent, as its low 31 bits and the rest, and 1 if the
 //          call fell back (see engine.h).
+//
+// Asynchronous (ffi/mpi/queue.h): the same calls started on a progress thread, finished later.
+//   jaxhc_mpi_start  x [n], token -> handle: F32 [1] (the call's ticket), token
+//                    attrs: those above and op (0 psum, 1 psum_scatter, 2 all_gather)
+//   jaxhc_mpi_done   handle, token -> y (as the synchronous call's), stats, token
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -18,6 +23,7 @@
 
 #include "mpi/codecs.h"
 #include "mpi/engine.h"
+#include "mpi/queue.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -54,34 +60,50 @@ struct Attrs {
   int64_t segment_bytes;
 };
 
-ffi::Error Run(const char* op, Fn fn, ffi::AnyBuffer x, ffi::AnyBuffer y,
-               ffi::Buffer<ffi::S32> stats, const Attrs& a, uint64_t count) {
-  Elem e;
-  if (!to_elem(x.element_type(), &e) || y.element_type() != x.element_type())
-    return ffi::Error::InvalidArgument(std::string(op) + ": values must be float32, float64 or "
-                                       "bfloat16, the same type in and out");
-  if (stats.element_count() != 3)
-    return ffi::Error::InvalidArgument(std::string(op) + ": stats must hold 3 int32");
-  std::unique_ptr<SegmentCodec> c;
+// The codec of `a` (nullptr: plain) into *out; "" or why not.
+std::string MakeCodec(const Attrs& a, std::unique_ptr<SegmentCodec>* out) {
   if (a.codec == kZfp && (a.dim < 1 || a.dim > 3))
-    return ffi::Error::InvalidArgument(std::string(op) + ": zfp dims " + std::to_string(a.dim) +
-                                       " is not 1, 2 or 3");
+    return "zfp dims " + std::to_string(a.dim) + " is not 1, 2 or 3";
   if (a.codec == kZfp)
-    c = std::make_unique<ZfpSegments>(static_cast<int>(a.maxbits), static_cast<int>(a.dim));
+    *out = std::make_unique<ZfpSegments>(static_cast<int>(a.maxbits), static_cast<int>(a.dim));
   else if (a.codec == kMpc)
-    c = std::make_unique<MpcSegments>(static_cast<int>(a.dim), a.budget);
+    *out = std::make_unique<MpcSegments>(static_cast<int>(a.dim), a.budget);
   else if (a.codec != kPlain)
-    return ffi::Error::InvalidArgument(std::string(op) + ": unknown codec " +
-                                       std::to_string(a.codec));
+    return "unknown codec " + std::to_string(a.codec);
+  return "";
+}
+
+Options MakeOptions(const Attrs& a) {
   Options opt;
   if (a.segment_bytes > 0) opt.segment_bytes = static_cast<uint64_t>(a.segment_bytes);
-  Stats st;
-  std::string err = fn(to_comm(a.comm), e, x.untyped_data(), count, y.untyped_data(), c.get(),
-                       opt, &st);
-  if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
+  return opt;
+}
+
+std::string CheckTypes(ffi::DataType in, ffi::DataType out, Elem* e) {
+  if (!to_elem(in, e) || out != in)
+    return "values must be float32, float64 or bfloat16, the same type in and out";
+  return "";
+}
+
+void WriteStats(const Stats& st, ffi::Buffer<ffi::S32> stats) {
   stats.typed_data()[0] = static_cast<int32_t>(st.wire_bytes & 0x7fffffff);
   stats.typed_data()[1] = static_cast<int32_t>(st.wire_bytes >> 31);
   stats.typed_data()[2] = static_cast<int32_t>(st.fallback);
+}
+
+ffi::Error Run(const char* op, Fn fn, ffi::AnyBuffer x, ffi::AnyBuffer y,
+               ffi::Buffer<ffi::S32> stats, const Attrs& a, uint64_t count) {
+  Elem e;
+  std::string err = CheckTypes(x.element_type(), y.element_type(), &e);
+  if (err.empty() && stats.element_count() != 3) err = "stats must hold 3 int32";
+  std::unique_ptr<SegmentCodec> c;
+  if (err.empty()) err = MakeCodec(a, &c);
+  if (!err.empty()) return ffi::Error::InvalidArgument(std::string(op) + ": " + err);
+  Stats st;
+  err = fn(to_comm(a.comm), e, x.untyped_data(), count, y.untyped_data(), c.get(),
+           MakeOptions(a), &st);
+  if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
+  WriteStats(st, stats);
   return ffi::Error::Success();
 }
 
@@ -123,6 +145,62 @@ ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffe
   return Run("jaxhc_mpi_all_gather", &all_gather, x, *y, *stats, a, k);
 }
 
+enum OpId : int64_t { kPsumOp = 0, kPsumScatterOp = 1, kAllGatherOp = 2 };
+
+ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::Buffer<ffi::F32>> handle,
+                     ffi::Result<ffi::Token>, int64_t comm, int64_t op, int64_t codec,
+                     int64_t maxbits, int64_t dim, double budget, int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, segment_bytes};
+  auto fail = [](const std::string& why) {
+    return ffi::Error::InvalidArgument("jaxhc_mpi_start: " + why);
+  };
+  Elem e;
+  std::string err = CheckTypes(x.element_type(), x.element_type(), &e);
+  if (!err.empty()) return fail(err);
+  if (handle->element_count() != 1) return fail("the handle must be one float32");
+  std::shared_ptr<SegmentCodec> c;
+  {
+    std::unique_ptr<SegmentCodec> made;
+    if (!(err = MakeCodec(a, &made)).empty()) return fail(err);
+    c = std::move(made);
+  }
+  const uint64_t n = x.element_count(), P = static_cast<uint64_t>(CommSize(comm));
+  Fn fn;
+  uint64_t count, out;
+  switch (op) {
+    case kPsumOp: fn = &psum, count = n, out = n; break;
+    case kPsumScatterOp:
+      if (n % P) return fail("x must hold P * y values");
+      fn = &psum_scatter, count = n / P, out = n / P;
+      break;
+    case kAllGatherOp: fn = &all_gather, count = n, out = n * P; break;
+    default: return fail("unknown op " + std::to_string(op));
+  }
+  const MPI_Comm mc = to_comm(comm);
+  const Options opt = MakeOptions(a);
+  Work work = [fn, mc, e, count, c, opt](const void* in, void* y, Workspace* w, Stats* st) {
+    Options o = opt;
+    o.workspace = w;
+    return fn(mc, e, in, count, y, c.get(), o, st);
+  };
+  const size_t eb = elem_bytes(e);
+  int32_t ticket = start(mc, x.untyped_data(), n * eb, out * eb, std::move(work));
+  handle->typed_data()[0] = static_cast<float>(ticket);
+  return ffi::Error::Success();
+}
+
+ffi::Error DoneImpl(ffi::Buffer<ffi::F32> handle, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                    ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Token>) {
+  if (handle.element_count() != 1 || stats->element_count() != 3)
+    return ffi::Error::InvalidArgument("jaxhc_mpi_done: a one-float32 handle, 3 int32 stats");
+  Stats st;
+  const int32_t ticket = static_cast<int32_t>(handle.typed_data()[0]);
+  std::string err = done(ticket, y->untyped_data(), y->size_bytes(), &st);
+  if (!err.empty()) return ffi::Error::Internal("jaxhc_mpi_done: " + err);
+  WriteStats(st, *stats);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace mpi
 }  // namespace jaxhc
@@ -144,6 +222,26 @@ ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffe
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiPsum, jaxhc::mpi::PsumImpl, JAXHC_MPI_BIND);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiPsumScatter, jaxhc::mpi::PsumScatterImpl, JAXHC_MPI_BIND);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiAllGather, jaxhc::mpi::AllGatherImpl, JAXHC_MPI_BIND);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiStart, jaxhc::mpi::StartImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("op")
+                                  .Attr<int64_t>("codec")
+                                  .Attr<int64_t>("maxbits")
+                                  .Attr<int64_t>("dim")
+                                  .Attr<double>("budget")
+                                  .Attr<int64_t>("segment_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiDone, jaxhc::mpi::DoneImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Token>());
 
 namespace {
 template <typename T>
@@ -159,8 +257,13 @@ NB_MODULE(_jaxhc_mpi, m) {
     d["jaxhc_mpi_psum"] = Capsule(JaxhcMpiPsum);
     d["jaxhc_mpi_psum_scatter"] = Capsule(JaxhcMpiPsumScatter);
     d["jaxhc_mpi_all_gather"] = Capsule(JaxhcMpiAllGather);
+    d["jaxhc_mpi_start"] = Capsule(JaxhcMpiStart);
+    d["jaxhc_mpi_done"] = Capsule(JaxhcMpiDone);
     return d;
   });
+  m.def("async_ready", &jaxhc::mpi::async_ready,
+        "Whether jaxhc_mpi_start runs calls on progress threads (MPI_THREAD_MULTIPLE, and "
+        "JAXHC_MPI_ASYNC is not 0); otherwise it runs them itself.");
   m.def("library_version", []() {
     char v[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;

@@ -4,6 +4,15 @@ lossless MPC, and the identity.
 Every codec compresses the flattened array into a payload whose size is static (it depends on the
 element count and dtype only), so encode and decode are XLA FFI custom calls usable under `jit`,
 `vmap` and inside `shard_map`.
+
+Wherever jaxhc takes a codec it takes a `CodecLike`: a codec, a spec string in one of the forms
+of `SPEC_FORMS`, or None (the plain collective).
+
+>>> from jaxhc.codecs import SPEC_FORMS, parse
+>>> list(SPEC_FORMS)
+['none', 'zfp', 'mpc', 'q8', 'q4']
+>>> parse("q4:h"), parse(None)                # CodecLike in, codec (or None) out
+(Quant(bits=4, block=256, stochastic=False, seed=0, rotate=True), None)
 """
 
 from jaxhc.codecs._base import Codec as Codec
@@ -12,6 +21,7 @@ from jaxhc.codecs._base import NativeCall as NativeCall
 from jaxhc.codecs._identity import Identity as Identity
 from jaxhc.codecs._mpc import Mpc as Mpc
 from jaxhc.codecs._quant import Quant as Quant
+from jaxhc.codecs._spec import SPEC_FORMS as SPEC_FORMS
 from jaxhc.codecs._spec import CodecLike as CodecLike
 from jaxhc.codecs._spec import parse as parse
 from jaxhc.codecs._zfp import Zfp as Zfp
@@ -24,6 +34,7 @@ __all__ = [
     "Mpc",
     "NativeCall",
     "Quant",
+    "SPEC_FORMS",
     "Zfp",
     "parse",
 ]

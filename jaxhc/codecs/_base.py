@@ -24,6 +24,10 @@ class Encoded(NamedTuple):
              lossless codec the data fit the budget. Collectives fall back to raw transfer
              for the whole call when any participant is not ok.
     nbytes:  int32[...] -- bytes of the payload that carry data (all of it for fixed-rate codecs).
+
+    >>> enc = jaxhc.codecs.Identity().encode(jnp.arange(4.0))
+    >>> enc.payload.dtype, enc.payload.shape, bool(enc.ok), int(enc.nbytes)
+    (dtype('uint8'), (16,), True, 16)
     """
 
     payload: jax.Array
@@ -36,6 +40,12 @@ class NativeCall(NamedTuple):
 
     family: "zfp" or "mpc"; maxbits: ZFP's bits per block (0 for MPC); dim: ZFP's dimensions or
     MPC's word stride; budget: MPC's payload budget as a fraction of the raw bytes (0: none).
+
+    >>> from jaxhc.codecs import parse
+    >>> parse("zfp:8").native_call(jnp.float32)
+    NativeCall(family='zfp', maxbits=32, dim=1, budget=0.0)
+    >>> parse("q8").native_call(jnp.float32) is None       # not taken by the fused engine
+    True
     """
 
     family: str
@@ -45,7 +55,15 @@ class NativeCall(NamedTuple):
 
 
 class Codec(abc.ABC):
-    """A compressor for one flattened array (subclasses are frozen, hashable dataclasses)."""
+    """A compressor for one flattened array (subclasses are frozen, hashable dataclasses).
+
+    >>> from jaxhc.codecs import Codec, parse
+    >>> [isinstance(parse(s), Codec) for s in ("none", "zfp:8", "q8", "mpc")]
+    [True, True, True, True]
+    >>> zfp = parse("zfp:8")
+    >>> zfp.lossless, parse("mpc").lossless, zfp.payload_bytes(1000, jnp.float32)
+    (False, True, 1000)
+    """
 
     #: True when decode(encode(x)) == x bit for bit.
     lossless: bool

@@ -11,6 +11,15 @@ from jaxhc.codecs._zfp import Zfp
 
 CodecLike = Codec | str | None
 
+# The spec forms `parse` takes, one per codec family (what error messages and --help list).
+SPEC_FORMS: dict[str, str] = {
+    "none": "none",
+    "zfp": "zfp:<rate>[:d2|:d3]",
+    "mpc": "mpc[:<budget>][:dim=<d>]",
+    "q8": "q8[:b<block>][:sr[<seed>]|:h]",
+    "q4": "q4[:b<block>][:sr[<seed>]|:h]",
+}
+
 
 def parse(spec: CodecLike) -> Codec | None:
     """Turn a spec string into a codec; a Codec passes through, None stays None (plain lax).
@@ -19,7 +28,7 @@ def parse(spec: CodecLike) -> Codec | None:
     >>> parse("zfp:8"), parse("zfp:8:d3"), parse("mpc:0.8")
     (Zfp(rate=8.0, dims=1), Zfp(rate=8.0, dims=3), Mpc(dim=1, budget=0.8))
     >>> parse("none"), parse("q8:b128:sr")
-    (Identity(), Quant(bits=8, block=128, stochastic=True, seed=0))
+    (Identity(), Quant(bits=8, block=128, stochastic=True, seed=0, rotate=False))
     """
     if spec is None or isinstance(spec, Codec):
         return spec
@@ -50,7 +59,5 @@ def parse(spec: CodecLike) -> Codec | None:
             return parse_quant(name, args)
     except ValueError as e:
         raise ValueError(f"bad codec spec {spec!r}: {e}") from None
-    raise ValueError(
-        f"bad codec spec {spec!r}: use 'none', 'zfp:<rate>[:d2|:d3]', 'mpc[:<budget>][:dim=<d>]', "
-        "'q8[:b<block>][:sr[<seed>]|:h]' or 'q4[...]'"
-    )
+    forms = [f"'{form}'" for form in SPEC_FORMS.values()]
+    raise ValueError(f"bad codec spec {spec!r}: use {', '.join(forms[:-1])} or {forms[-1]}")

@@ -25,6 +25,14 @@ def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
     Non-float dtypes and, under a policy, messages smaller than its ``min_bytes`` go
     uncompressed. A policy picks the codec for x's dtype, and a lossy one that would send no fewer
     bits than x itself is a one-line error naming its key.
+
+    >>> from jaxhc.collectives import resolve_codec
+    >>> big, small = jnp.ones(1 << 17), jnp.ones(10)      # min_bytes of the presets: 65536
+    >>> resolve_codec(big, "data", None, "zhybrid", "grad"), resolve_codec(small, "data", None,
+    ...                                                                   "zhybrid", "grad")
+    (Zfp(rate=8.0, dims=1), None)
+    >>> resolve_codec(jnp.arange(10), "data", "zfp:8", None, None) is None   # integers: raw
+    True
     """
     if codec is not None and policy is not None:
         raise ValueError("pass either codec= or policy=, not both")

@@ -29,7 +29,12 @@ def all_gather(
     The gradient is a compressed `psum_scatter` (the identity slice when ``to="invarying"`` under
     ``check_vma``).
 
-    >>> full = jaxhc.all_gather(shard, "data", axis=0, tiled=True, codec="mpc")   # doctest: +SKIP
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    >>> def f(shard):
+    ...     return jaxhc.all_gather(shard, "data", tiled=True, to="invarying", codec="mpc")
+    >>> jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("data"), out_specs=P()))(jnp.arange(4.0))
+    Array([0., 1., 2., 3.], dtype=float32)
     """
     if axis_index_groups is not None:
         if codec is None and policy is None:

@@ -29,7 +29,15 @@ def all_to_all(
 
     The gradient is the compressed all_to_all with split and concat axes swapped.
 
-    >>> y = jaxhc.all_to_all(x, "tensor", 0, 1, tiled=True, codec="mpc")   # doctest: +SKIP
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:2]), ("tensor",))
+    >>> f = jax.shard_map(lambda x: jaxhc.all_to_all(x, "tensor", 1, 0, tiled=True, codec="mpc"),
+    ...                   mesh=mesh, in_specs=P("tensor"), out_specs=P("tensor"))
+    >>> jax.jit(f)(jnp.arange(8.0).reshape(2, 4))   # each rank's (1, 4) block -> (2, 2)
+    Array([[0., 1.],
+           [4., 5.],
+           [2., 3.],
+           [6., 7.]], dtype=float32)
     """
     if axis_index_groups is not None:
         if codec is None and policy is None:

@@ -28,7 +28,13 @@ def pmean(
     Python scalars stay Python scalars. A pytree travels in buckets of at most `bucket_bytes`,
     as in `jaxhc.psum`.
 
-    >>> g = jaxhc.pmean(grads, "data", codec="zfp:8")  # doctest: +SKIP
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    >>> f = jax.shard_map(lambda g: jaxhc.pmean(g, "data", codec="mpc"), mesh=mesh,
+    ...                   in_specs=P("data"), out_specs=P("data"))
+    >>> jax.jit(f)(jnp.arange(8.0).reshape(2, 4))
+    Array([[2., 3., 4., 5.],
+           [2., 3., 4., 5.]], dtype=float32)
     """
     if axis_index_groups is not None and codec is None and policy is None:
         return lax.pmean(x, axis_name, axis_index_groups=axis_index_groups)

@@ -19,8 +19,12 @@ def ppermute(x, axis_name, perm, *, codec: CodecLike = None, policy=None, kind=N
     Ranks that receive nothing get zeros, as with `jax.lax.ppermute`. The gradient is the compressed
     ppermute with the inverse permutation.
 
-    >>> perm = [(i, i + 1) for i in range(3)]
-    >>> nxt = jaxhc.ppermute(h, "pipe", perm, codec="zfp:16")  # doctest: +SKIP
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:2]), ("pipe",))
+    >>> f = jax.shard_map(lambda h: jaxhc.ppermute(h, "pipe", [(0, 1), (1, 0)], codec="mpc"),
+    ...                   mesh=mesh, in_specs=P("pipe"), out_specs=P("pipe"))
+    >>> jax.jit(f)(jnp.arange(4.0))                 # the two ranks swap their blocks
+    Array([2., 3., 0., 1.], dtype=float32)
     """
     perm = tuple((int(s), int(d)) for s, d in perm)
     return jax.tree.map(lambda a: _one(a, axis_name, perm, codec, policy, kind), x)

@@ -51,9 +51,21 @@ def psum(
     (they carry gradients) and do not take the MPI transport's fused path (they need the decoded
     values of what this rank sent); they go leaf by leaf, not in buckets.
 
-    >>> y = jaxhc.psum(grads, "data", codec="zfp:8")                 # doctest: +SKIP
-    >>> y = jaxhc.psum(grads, "data", policy="zhybrid", kind="grad")  # doctest: +SKIP
-    >>> y, res = jaxhc.psum(grads, "data", codec="zfp:8", residual=res)  # doctest: +SKIP
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    >>> def f(g):                                   # runs per shard
+    ...     return jaxhc.psum(g, "data", codec="mpc")   # lossless: lax.psum's values
+    >>> step = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+    >>> step(jnp.arange(8.0).reshape(2, 4))
+    Array([[ 4.,  6.,  8., 10.],
+           [ 4.,  6.,  8., 10.]], dtype=float32)
+    >>> def ef(g, res):                              # error feedback: residual in and out
+    ...     return jaxhc.psum(g, "data", codec="zfp:8", residual=res)
+    >>> specs = (P("data"), P("data"))
+    >>> ef_step = jax.jit(jax.shard_map(ef, mesh=mesh, in_specs=specs, out_specs=specs))
+    >>> out, res = ef_step(jnp.ones((2, 1024)), jnp.zeros((2, 1024)))
+    >>> out.shape, res.dtype
+    ((2, 1024), dtype('float32'))
     """
     if axis_index_groups is not None:
         if codec is None and policy is None and residual is None:

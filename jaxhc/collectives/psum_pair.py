@@ -41,7 +41,12 @@ def psum_pair(
     `bucket_bytes`, as in `jaxhc.psum`. The pair sum is its own transpose: gradients (and
     `jax.jvp` tangents) travel by the same exchange.
 
-    >>> g = psum_pair(grads, "pipe", (0, 3), codec="zfp:16")  # doctest: +SKIP
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:4]), ("pipe",))
+    >>> f = jax.shard_map(lambda g: jaxhc.psum_pair(g, "pipe", (0, 3), codec="mpc"),
+    ...                   mesh=mesh, in_specs=P("pipe"), out_specs=P("pipe"))
+    >>> jax.jit(f)(jnp.arange(4.0))                 # ranks 0 and 3 add; 1 and 2 keep theirs
+    Array([3., 1., 2., 3.], dtype=float32)
     """
     parts = transport().axis_size(axis_name)
     a, b = (int(r) for r in pair)

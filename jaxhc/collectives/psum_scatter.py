@@ -36,10 +36,12 @@ def psum_scatter(
     With ``residual=`` (error feedback, as in `jaxhc.psum`): each rank sends ``x + residual`` and
     the call returns ``(this rank's reduced slice, new_residual)``; the residual has x's shape.
 
-    >>> shard = jaxhc.psum_scatter(g, "data", tiled=True, codec="zfp:8")  # doctest: +SKIP
-    >>> shard, res = jaxhc.psum_scatter(  # doctest: +SKIP
-    ...     g, "data", tiled=True, codec="zfp:8", residual=res
-    ... )
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    >>> f = jax.shard_map(lambda g: jaxhc.psum_scatter(g, "data", tiled=True, codec="mpc"),
+    ...                   mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+    >>> jax.jit(f)(jnp.arange(8.0))                 # rank r keeps slice r of the sum
+    Array([ 4.,  6.,  8., 10.], dtype=float32)
     """
     if axis_index_groups is not None:
         if codec is None and policy is None and residual is None:

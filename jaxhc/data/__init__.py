@@ -4,6 +4,9 @@
 `jaxhc data prepare` (`jaxhc.data.prepare.prepare`), memory-mapped; `Batches` draws training and
 validation windows from either, depending on (seed, step) only. `Tokenizer` is the bytes
 tokenizer, a byte-level BPE or any tokenizer.json.
+
+>>> jaxhc.data.VOCAB_SIZE                      # the embedded corpus: one token per byte
+256
 """
 
 from jaxhc.data.corpus import VOCAB_SIZE as VOCAB_SIZE

@@ -13,14 +13,24 @@ VOCAB_SIZE = 256  # byte-level tokens
 
 
 def corpus_texts() -> list[str]:
-    """CPython's pydoc topic help, one document per topic (sorted by name)."""
+    """CPython's pydoc topic help, one document per topic (sorted by name).
+
+    >>> texts = jaxhc.data.corpus_texts()
+    >>> len(texts), texts[0][:22]
+    (79, 'The "assert" statement')
+    """
     from pydoc_data import topics
 
     return [topics.topics[k] for k in sorted(topics.topics)]
 
 
 def corpus_bytes() -> np.ndarray:
-    """CPython's pydoc topic help (~0.45 MB of English prose and code), as uint8 tokens."""
+    """CPython's pydoc topic help (~0.45 MB of English prose and code), as uint8 tokens.
+
+    >>> tokens = jaxhc.data.corpus_bytes()
+    >>> tokens.dtype, bytes(tokens[:14])
+    (dtype('uint8'), b'The "assert" s')
+    """
     text = SEPARATOR_TEXT.join(corpus_texts())  # the documents as `jaxhc data prepare` joins them
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
@@ -34,6 +44,12 @@ class Batches:
     shards of a prepared dataset, `jaxhc.data.Shards`): the tokens before `split` are the
     training split, the rest is held out for evaluation (default split: the last
     `val_fraction` of the tokens). `name` says which corpus an error is about.
+
+    >>> batches = jaxhc.data.Batches(jaxhc.data.corpus_bytes(), batch_size=4, block_size=16)
+    >>> batches.train(0).shape                 # inputs and their next tokens, one window a row
+    (4, 17)
+    >>> bool((batches.train(7) == batches.train(7)).all()), batches.val(0).shape
+    (True, (4, 17))
     """
 
     tokens: Any

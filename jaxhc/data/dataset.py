@@ -31,7 +31,12 @@ DTYPES = {"uint16": "<u2", "uint32": "<u4"}
 
 
 def read_meta(path: str) -> dict:
-    """The ``meta.json`` of prepared dataset `path`; one-line errors naming the file."""
+    """The ``meta.json`` of prepared dataset `path`; one-line errors naming the file.
+
+    >>> jaxhc.data.read_meta("no/such/folder")
+    Traceback (most recent call last):
+    ValueError: data.path='no/such/folder': no such folder (prepare one with jaxhc data prepare)
+    """
     file = os.path.join(path, META)
     if not os.path.isdir(path):
         raise ValueError(
@@ -50,7 +55,12 @@ def read_meta(path: str) -> dict:
 
 class Shards:
     """Token shards read as one sequence: ``len``, and slices (numpy arrays) that may span
-    shards. Each shard is a read-only memory map."""
+    shards. Each shard is a read-only memory map.
+
+    >>> shards = jaxhc.data.Shards([np.arange(5), np.arange(5, 9)])
+    >>> len(shards), shards[3:7]               # a slice across the two shards
+    (9, array([3, 4, 5, 6]))
+    """
 
     def __init__(self, arrays: list):
         self.arrays = [a for a in arrays if len(a)]
@@ -83,6 +93,10 @@ class Dataset:
 
     `tokens` is a numpy array (the embedded corpus) or `Shards`; `path` is None for the embedded
     corpus.
+
+    >>> ds = jaxhc.data.Dataset.embedded()     # the corpus as bytes; Dataset.open(DIR) for yours
+    >>> ds.name, ds.vocab_size, ds.split < len(ds.tokens)
+    ('corpus', 256, True)
     """
 
     name: str

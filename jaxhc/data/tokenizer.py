@@ -64,7 +64,15 @@ def parse_spec(spec: str) -> tuple[str, int | str | None]:
 class Tokenizer:
     """A `tokenizers.Tokenizer` and what jaxhc needs of it: its vocabulary size, the tokens put
     between documents (the end-of-text token where it has one, else a blank line), and fast
-    numpy encoding of the bytes tokenizer."""
+    numpy encoding of the bytes tokenizer.
+
+    >>> tok = jaxhc.data.Tokenizer.bytes()
+    >>> tok.name, tok.vocab_size, tok.encode("hi"), tok.decode([104, 105])
+    ('bytes', 256, array([104, 105]), 'hi')
+    >>> bpe = jaxhc.data.Tokenizer.train_bpe(jaxhc.data.corpus_texts()[:5], 300)
+    >>> bpe.name, bpe.vocab_size
+    ('bpe:300', 300)
+    """
 
     def __init__(self, backend, name: str):
         self.backend = backend

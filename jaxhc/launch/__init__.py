@@ -4,6 +4,11 @@
 `shard_map` on XLA devices (local, or every process's after `init_distributed`) or with one MPI
 process per device (`mpirun -np <devices>`), where jaxhc's collectives go through mpi4jax.
 `ProcessEnv` reads a process's place in the job from mpirun, SLURM or JAXHC_* variables.
+
+>>> from jax.sharding import PartitionSpec as P
+>>> jaxhc.launch.run(lambda x: jaxhc.psum(x, "data"), np.ones((2, 3), np.float32),
+...                  mesh_shape={"data": 2}, in_specs=P("data"), out_specs=P(), fetch=True)
+array([[2., 2., 2.]], dtype=float32)
 """
 
 from jaxhc.launch._env import ProcessEnv as ProcessEnv

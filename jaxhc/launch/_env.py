@@ -19,6 +19,7 @@ class ProcessEnv:
     (OMPI_COMM_WORLD_*), "slurm" (SLURM_PROCID, SLURM_NTASKS, SLURM_STEP_NODELIST, ...) or
     "single" (none of these: one process). `coordinator` is host:port for `jax.distributed`.
 
+    >>> from jaxhc.launch import ProcessEnv
     >>> env = ProcessEnv.from_env({"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
     ...                            "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242"})
     >>> env.process_id, env.num_processes, env.local_rank, env.coordinator, env.source
@@ -77,7 +78,12 @@ class ProcessEnv:
 
 
 def first_host(nodelist: str) -> str:
-    """The first host of a SLURM node list: "gpu[007-009,012],cpu01" -> "gpu007"."""
+    """The first host of a SLURM node list: "gpu[007-009,012],cpu01" -> "gpu007".
+
+    >>> from jaxhc.launch import first_host
+    >>> first_host("gpu[007-009,012],cpu01"), first_host("node3")
+    ('gpu007', 'node3')
+    """
     m = re.match(r"\s*([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
     if not m:
         raise ValueError(f"cannot read a host from the SLURM node list {nodelist!r}")

@@ -13,7 +13,13 @@ _INSTALLED = False
 
 
 class RankMismatchError(RuntimeError):
-    """The ranks of an MPI job called a collective program with different arguments."""
+    """The ranks of an MPI job called a collective program with different arguments.
+
+    >>> from jaxhc.launch import RankMismatchError
+    >>> raise RankMismatchError("ranks disagree on the step's arguments: ...")
+    Traceback (most recent call last):
+    jaxhc.launch.RankMismatchError: ranks disagree on the step's arguments: ...
+    """
 
     __module__ = "jaxhc.launch"
 
@@ -24,6 +30,9 @@ def install_abort_hook(comm=None) -> None:
     Without this, the other ranks wait forever in their next collective. The hook prints the
     traceback prefixed with the rank, then aborts with error code 1; mpirun then stops every rank.
     Exceptions in other threads abort too. Installed once per process; idempotent.
+
+    >>> from jaxhc.launch import install_abort_hook
+    >>> install_abort_hook()          # one process: an exception still prints as usual
     """
     global _INSTALLED
     if _INSTALLED:
@@ -71,6 +80,10 @@ def check_agreement(comm, what: str, text: str) -> None:
 
     One 8-byte allgather per call; on mismatch the texts are gathered for the message. Every rank
     raises the same error, so no rank is left waiting in a collective.
+
+    >>> from mpi4py import MPI
+    >>> from jaxhc.launch import check_agreement
+    >>> check_agreement(MPI.COMM_WORLD, "the step's arguments", "float32[4, 8]")  # all agree
     """
     if comm.Get_size() == 1:
         return

@@ -27,6 +27,10 @@ def init_mpi(mesh_shape: Mapping[str, int], *, abort_on_error: bool = True, sele
     `abort_on_error` installs the hook that ends the whole job when a rank raises. With
     `select_device`, a process that shares its node with others sees only its own GPU
     (CUDA_VISIBLE_DEVICES=local rank, unless already set); call this before jax touches a GPU.
+
+    >>> from jaxhc.launch import init_mpi
+    >>> init_mpi({"data": 1}).coords     # one process; under mpirun -np 4 a {"data": 4} grid
+    {'data': 0}
     """
     from jaxhc.transport.mpi import ProcessGrid
 
@@ -60,6 +64,11 @@ def init_distributed(
     sending heartbeats; after `heartbeat_timeout_s` jax's coordination service ends every other
     process with "Task <id> heartbeat timeout" (jax's own default, 100 s, leaves the others
     hanging in their collectives for that long). Returns the `ProcessEnv` used.
+
+    >>> from jaxhc.launch import ProcessEnv, init_distributed
+    >>> env = init_distributed(ProcessEnv.from_env({}))   # one process: nothing to initialize
+    >>> env.multi_process, env.num_processes
+    (False, 1)
     """
     env = env or ProcessEnv.from_env()
     gloo_hostname = gloo_hostname or os.environ.get("JAXHC_GLOO_HOSTNAME") or None
@@ -88,7 +97,12 @@ def init_distributed(
 
 
 def resolve_transport(transport: str) -> str:
-    """ "auto": "mpi" when started as several processes (mpirun/srun) without jax.distributed."""
+    """ "auto": "mpi" when started as several processes (mpirun/srun) without jax.distributed.
+
+    >>> from jaxhc.launch import resolve_transport
+    >>> resolve_transport("xla"), resolve_transport("auto")     # one process here
+    ('xla', 'xla')
+    """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r} must be one of {TRANSPORTS}")
     if transport != "auto":
@@ -114,9 +128,15 @@ class Launcher:
     `jaxhc.axis_index` / `jaxhc.axis_size` (not `jax.lax`'s), and see `shard_map(check_vma=False)`
     semantics (explicit gradient reductions), which is what the MPI transport provides.
 
-    >>> launcher = Launcher({"data": 2, "tensor": 2}, transport="mpi")          # doctest: +SKIP
-    >>> step = launcher.shard_map(body, in_specs=P("data"), out_specs=P())     # doctest: +SKIP
-    >>> out = launcher.fetch(step(launcher.put(x, P("data"))), P())            # doctest: +SKIP
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from jaxhc import Launcher
+    >>> def body(x):                                 # this rank's (1, 4) block
+    ...     return jaxhc.psum(x, "data", codec="mpc")
+    >>> launcher = Launcher({"data": 2}, transport="auto")   # "mpi" under mpirun -np 2
+    >>> step = launcher.shard_map(body, in_specs=P("data"), out_specs=P())
+    >>> x = launcher.put(np.arange(8, dtype=np.float32).reshape(2, 4), P("data"))
+    >>> launcher.fetch(step(x), P())
+    array([[ 4.,  6.,  8., 10.]], dtype=float32)
     """
 
     def __init__(

@@ -1,8 +1,9 @@
-"""jaxhc's GPT (GPT-2 architecture): configs, the single-device reference model, HF import.
+"""jaxhc's models (GPT-2 and LLaMA architectures): configs, the single-device reference, HF import.
 
-`jaxhc.model.gpt` is the single-device reference model (`init_params`, `logits`, `loss`);
-`from_hf_gpt2` imports a transformers Flax GPT-2. The data x tensor x pipeline parallel training
-step over a mesh is `jaxhc.parallel`.
+`logits` (and `jaxhc.model.gpt`: `init_params`, `loss`, ...) is the single-device reference model
+of either architecture (``GPTConfig.arch``); `from_hf` imports a transformers GPT-2 or LLaMA model
+(Flax or PyTorch). The data x tensor x pipeline parallel training step over a mesh is
+`jaxhc.parallel`.
 """
 
 from jaxhc.model import gpt as gpt
@@ -11,6 +12,8 @@ from jaxhc.model.config import MeshConfig as MeshConfig
 from jaxhc.model.config import OptimConfig as OptimConfig
 from jaxhc.model.config import ShardConfig as ShardConfig
 from jaxhc.model.config import validate as validate
+from jaxhc.model.gpt import logits as logits
+from jaxhc.model.hf import from_hf as from_hf
 from jaxhc.model.hf import from_hf_gpt2 as from_hf_gpt2
 
 __all__ = [
@@ -18,7 +21,9 @@ __all__ = [
     "MeshConfig",
     "OptimConfig",
     "ShardConfig",
+    "from_hf",
     "from_hf_gpt2",
     "gpt",
+    "logits",
     "validate",
 ]

@@ -16,9 +16,23 @@ AXES = ("data", "tensor", "pipe")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
+ARCHS = ("gpt2", "llama")
+# Keys of the LLaMA architecture alone (None: its default, see the properties of GPTConfig).
+LLAMA_KEYS = ("n_kv_head", "intermediate_size", "rope_theta", "tie_word_embeddings")
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-    """GPT-2 architecture: learned positions, pre-LayerNorm blocks, gelu (tanh), tied LM head.
+    """A decoder-only transformer: ``arch`` ``gpt2`` or ``llama``.
+
+    ``gpt2``: learned positions, pre-LayerNorm blocks with biases, gelu (tanh) MLP of 4 x
+    ``n_embd`` units, tied LM head. ``llama``: rotary positions (``rope_theta``), RMSNorm, SwiGLU
+    MLP of ``intermediate_size`` units, ``n_kv_head`` key/value heads (grouped-query attention;
+    1: multi-query), no biases, a head tied to the embedding or not (``tie_word_embeddings``).
+    ``layer_norm_eps`` is the epsilon of either norm. The `LLAMA_KEYS` stay unset (None) for
+    ``gpt2``; for ``llama`` None means: ``n_kv_head = n_head``, ``intermediate_size`` = LLaMA's
+    rule (2/3 of 4 x ``n_embd``, rounded up to a multiple of 256), ``rope_theta = 10000``, an
+    untied head.
 
     Parameters are always float32; ``dtype`` is the compute (activation) dtype.
     """
@@ -30,6 +44,11 @@ class GPTConfig:
     n_embd: int = 768
     dtype: str = "float32"
     layer_norm_eps: float = 1e-5
+    arch: str = "gpt2"
+    n_kv_head: int | None = None
+    intermediate_size: int | None = None
+    rope_theta: float | None = None
+    tie_word_embeddings: bool | None = None
 
     def __post_init__(self):
         for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -42,6 +61,35 @@ class GPTConfig:
             raise ValueError(
                 f"model.dtype={self.dtype!r} must be one of {', '.join(COMPUTE_DTYPES)}"
             )
+        if self.arch not in ARCHS:
+            raise ValueError(f"model.arch={self.arch!r} must be one of {', '.join(ARCHS)}")
+        if self.arch == "llama":
+            self._check_llama()
+        else:
+            for key in LLAMA_KEYS:
+                if getattr(self, key) is not None:
+                    raise ValueError(f"model.{key} is a key of model.arch=llama, not {self.arch}")
+
+    def _check_llama(self):
+        for key in ("n_kv_head", "intermediate_size"):
+            if getattr(self, key) is not None:
+                whole_number(f"model.{key}", getattr(self, key))
+        if self.n_head % self.kv_heads:
+            raise ValueError(
+                f"model.n_head={self.n_head} is not divisible by model.n_kv_head={self.kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"model.n_embd / model.n_head = {self.head_dim} must be even (rotary positions)"
+            )
+        theta = self.rope_theta
+        number = isinstance(theta, (int, float)) and not isinstance(theta, bool)
+        if theta is not None and not (number and theta > 1):
+            raise ValueError(f"model.rope_theta={theta!r} must be a number > 1")
+        if self.tie_word_embeddings not in (None, True, False):
+            raise ValueError(
+                f"model.tie_word_embeddings={self.tie_word_embeddings!r} must be true or false"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -50,6 +98,36 @@ class GPTConfig:
     @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
+
+    @property
+    def llama(self) -> bool:
+        return self.arch == "llama"
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (``n_head`` but for LLaMA's grouped-query attention)."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def ffn(self) -> int:
+        """Hidden units of the MLP."""
+        if not self.llama:
+            return 4 * self.n_embd
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        return -(-(8 * self.n_embd // 3) // 256) * 256
+
+    @property
+    def theta(self) -> float:
+        """The rotary base (LLaMA)."""
+        return 10000.0 if self.rope_theta is None else float(self.rope_theta)
+
+    @property
+    def tied(self) -> bool:
+        """Whether the LM head is the token embedding."""
+        if self.tie_word_embeddings is None:
+            return not self.llama
+        return self.tie_word_embeddings
 
 
 GATHERS = ("layer", "whole")  # how sharded parameters are gathered (`ShardConfig.gather`)
@@ -229,6 +307,12 @@ def validate(
         raise ValueError(
             f"model.n_head={model.n_head} is not divisible by mesh tensor={mesh.tensor}"
         )
+    if model is not None and model.llama:
+        for key, value in (("n_kv_head", model.kv_heads), ("intermediate_size", model.ffn)):
+            if value % mesh.tensor:
+                raise ValueError(
+                    f"model.{key}={value} is not divisible by mesh tensor={mesh.tensor}"
+                )
     if model is not None and model.n_layer % mesh.pipe:
         raise ValueError(f"model.n_layer={model.n_layer} is not divisible by mesh pipe={mesh.pipe}")
     if batch_size is not None and batch_size % (mesh.data * mesh.microbatches):

@@ -7,8 +7,11 @@ the cache. GPT-2's positions are learned and absolute, so when the context is fu
 `keep` tokens (three quarters of the context) are run again as a new prompt and decoding goes on
 from there: every token is predicted from at least `keep` tokens before it (or all there are).
 
-The math is `jaxhc.model.gpt`'s (the same LayerNorm, MLP and head; attention over the cached
+The math is `jaxhc.model.gpt`'s (the same norms, MLP and head; attention over the cached
 positions instead of a causal square), so the logits agree with `gpt.logits` of the same tokens.
+LLaMA caches its ``n_kv_head`` key/value heads, rotated at their positions; it restarts from the
+last `keep` tokens like GPT-2 (its rotary positions would allow a sliding cache; this keeps one
+program for both).
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ from jax import lax
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig
 from jaxhc.model.layers import MLP, layer_norm
+from jaxhc.model.llama import SwiGLU, attend, rms_norm, rotary
 
 __all__ = ["forward", "generate", "init_cache", "keep_tokens", "sample"]
 
 
 def init_cache(cfg: GPTConfig, batch: int) -> dict:
-    """Zero keys and values for every layer and position: (n_layer, B, block_size, H, D)."""
-    shape = (cfg.n_layer, batch, cfg.block_size, cfg.n_head, cfg.head_dim)
+    """Zero keys and values for every layer and position: (n_layer, B, block_size, H, D)
+    (LLaMA: ``n_kv_head`` heads)."""
+    shape = (cfg.n_layer, batch, cfg.block_size, cfg.kv_heads, cfg.head_dim)
     return {"k": jnp.zeros(shape, cfg.compute_dtype), "v": jnp.zeros(shape, cfg.compute_dtype)}
 
 
@@ -41,8 +46,13 @@ def forward(params: dict, idx: jax.Array, start, cache: dict, cfg: GPTConfig):
     dt = cfg.compute_dtype
     s = idx.shape[1]
     pos = start + jnp.arange(s)
-    x = (params["wte"][idx] + params["wpe"][pos]).astype(dt)
     visible = jnp.arange(cfg.block_size)[None, :] <= pos[:, None]  # (S, block_size)
+    if cfg.llama:
+        x = params["wte"][idx].astype(dt)
+        layer = _llama_layer(cfg, start, pos, visible)
+        h, (ks, vs) = lax.scan(layer, x, (params["blocks"], cache["k"], cache["v"]))
+        return gpt.head(params, h, cfg), {"k": ks, "v": vs}
+    x = (params["wte"][idx] + params["wpe"][pos]).astype(dt)
     mlp = MLP(cfg)
 
     def layer(h, xs):
@@ -67,6 +77,31 @@ def forward(params: dict, idx: jax.Array, start, cache: dict, cfg: GPTConfig):
 
     h, (ks, vs) = lax.scan(layer, x, (params["blocks"], cache["k"], cache["v"]))
     return gpt.head(params, h, cfg), {"k": ks, "v": vs}
+
+
+def _llama_layer(cfg: GPTConfig, start, pos, visible):
+    """One LLaMA layer of `forward` as a scan body: (h, (params, k cache, v cache))."""
+    dt, eps = cfg.compute_dtype, cfg.layer_norm_eps
+    mlp = SwiGLU(cfg)
+
+    def layer(h, xs):
+        p, k_cache, v_cache = xs
+        attn = p["attn"]
+        a = rms_norm(h, p["ln_1"]["scale"], eps)
+
+        def proj(name):
+            return jnp.tensordot(a, attn[name]["kernel"].astype(dt), axes=1)
+
+        q = rotary(proj("q_proj"), pos, cfg.theta)
+        k = rotary(proj("k_proj"), pos, cfg.theta)
+        k_cache = lax.dynamic_update_slice(k_cache, k.astype(dt), (0, start, 0, 0))
+        v_cache = lax.dynamic_update_slice(v_cache, proj("v_proj").astype(dt), (0, start, 0, 0))
+        y = attend(q, k_cache, v_cache, visible)
+        h = h + jnp.tensordot(y, attn["o_proj"]["kernel"].astype(dt), axes=2)
+        h = h + mlp.apply({"params": p["mlp"]}, rms_norm(h, p["ln_2"]["scale"], eps))
+        return h, (k_cache, v_cache)
+
+    return layer
 
 
 def sample(logits: jax.Array, key, temperature, top_k, vocab: int) -> jax.Array:

@@ -1,11 +1,13 @@
-"""transformers GPT-2 folders on disk: read one into jaxhc, write jaxhc's parameters as one.
+"""transformers GPT-2 and LLaMA folders on disk: read one into jaxhc, write jaxhc's parameters
+as one.
 
 A folder holds ``config.json`` and the weights: ``model.safetensors`` (or its sharded
 ``model.safetensors.index.json``), ``flax_model.msgpack`` or ``pytorch_model.bin``, looked for in
 that order. safetensors are read with numpy (`safetensors.numpy`), so neither PyTorch nor Flax
 models are needed; ``pytorch_model.bin`` needs torch and is read only where torch is installed.
 What is written is ``config.json`` and ``model.safetensors`` in PyTorch's naming (what
-``GPT2LMHeadModel.from_pretrained`` and ``FlaxGPT2LMHeadModel.from_pretrained`` both load).
+``GPT2LMHeadModel.from_pretrained`` and ``FlaxGPT2LMHeadModel.from_pretrained`` both load; for
+LLaMA ``LlamaForCausalLM`` and ``FlaxLlamaForCausalLM``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import numpy as np
 from jaxhc._checks import read_json
 from jaxhc.model.config import GPTConfig
 from jaxhc.model.hf import (
+    config_of,
     flatten,
     flax_to_torch_names,
     from_state_dict,
-    gpt_config,
     hf_config,
     to_state_dict,
 )
@@ -36,18 +38,21 @@ TORCH_BIN = "pytorch_model.bin"
 
 
 def read_config(path: str) -> GPTConfig:
-    """The GPTConfig of the transformers GPT-2 folder `path` (its config.json)."""
+    """The GPTConfig of the transformers GPT-2 or LLaMA folder `path` (its config.json)."""
     file = os.path.join(path, CONFIG)
     if not os.path.isdir(path):
-        raise ValueError(f"hf:{path}: no such folder (a local transformers GPT-2 checkpoint)")
+        raise ValueError(
+            f"hf:{path}: no such folder (a local transformers GPT-2 or LLaMA checkpoint)"
+        )
     data = read_json(file, f"hf:{path}: no {CONFIG} there")
     if not isinstance(data, dict):
         raise ValueError(f"{file}: not a JSON object")
-    return gpt_config(data, file)
+    return config_of(data, file)
 
 
 def load_pretrained(path: str) -> tuple[GPTConfig, dict]:
-    """(GPTConfig, jaxhc's single-layout float32 parameters) of a transformers GPT-2 folder."""
+    """(GPTConfig, jaxhc's single-layout float32 parameters) of a transformers GPT-2 or LLaMA
+    folder."""
     cfg = read_config(path)
     return cfg, from_state_dict(cfg, _weights(path), path)
 
@@ -109,7 +114,8 @@ def _read_torch(file: str) -> dict:
 
 
 def save_pretrained(out: str, cfg: GPTConfig, params: dict, eos_id: int | None = None) -> None:
-    """Write `params` as the transformers GPT-2 folder `out` (config.json, model.safetensors)."""
+    """Write `params` as the transformers GPT-2 or LLaMA folder `out` (config.json,
+    model.safetensors)."""
     from safetensors.numpy import save_file
 
     os.makedirs(out, exist_ok=True)
@@ -121,19 +127,28 @@ def save_pretrained(out: str, cfg: GPTConfig, params: dict, eos_id: int | None =
 
 
 def initial_params(model: GPTConfig, path: str) -> dict:
-    """The parameters of the GPT-2 folder `path` for a run of `model`: its architecture (as
-    `jaxhc.train.config` made it follow the folder's), with a context of ``model.block_size``
-    (the first positions' embeddings when it is shorter than the checkpoint's)."""
+    """The parameters of the GPT-2 or LLaMA folder `path` for a run of `model`: its
+    architecture (as `jaxhc.train.config` made it follow the folder's), with a context of
+    ``model.block_size`` (GPT-2: the first positions' embeddings when it is shorter than the
+    checkpoint's)."""
     cfg, params = load_pretrained(path)
     if model.block_size > cfg.block_size:
         raise ValueError(
             f"model.block_size={model.block_size} is longer than the {cfg.block_size} positions "
             f"of hf:{path}"
         )
-    for key in ("vocab_size", "n_layer", "n_head", "n_embd"):
+    for key in ("arch", "vocab_size", "n_layer", "n_head", "n_embd"):
         if getattr(model, key) != getattr(cfg, key):
             raise ValueError(
                 f"model.{key}={getattr(model, key)} does not match hf:{path} ({getattr(cfg, key)})"
             )
-    params["wpe"] = np.ascontiguousarray(params["wpe"][: model.block_size])
+    for key, ours, theirs in (
+        ("n_kv_head", model.kv_heads, cfg.kv_heads),
+        ("intermediate_size", model.ffn, cfg.ffn),
+        ("tie_word_embeddings", model.tied, cfg.tied),
+    ):
+        if ours != theirs:
+            raise ValueError(f"model.{key}={ours} does not match hf:{path} ({theirs})")
+    if "wpe" in params:
+        params["wpe"] = np.ascontiguousarray(params["wpe"][: model.block_size])
     return params

@@ -44,40 +44,49 @@ class LayerNorm(nn.Module):
 
 
 class ColumnParallel(nn.Module):
-    """``enter(x) @ kernel + bias``; `features` is this rank's slice of the output features."""
+    """``enter(x) @ kernel + bias``; `features` is this rank's slice of the output features.
+    ``bias=False``: no bias (LLaMA); ``entered``: `x` has passed `TensorParallel.enter` already
+    (projections that share one input enter it once)."""
 
     features: tuple[int, ...]
     tp: TensorParallel
     dtype: jnp.dtype
+    bias: bool = True
+    entered: bool = False
 
     @nn.compact
     def __call__(self, x):
         init = nn.initializers.normal(INIT_STD)
         kernel = self.param("kernel", init, (x.shape[-1], *self.features))
-        bias = self.param("bias", nn.initializers.zeros, self.features)
-        x = self.tp.enter(x)
-        return jnp.tensordot(x, kernel.astype(self.dtype), axes=1) + bias.astype(self.dtype)
+        x = x if self.entered else self.tp.enter(x)
+        y = jnp.tensordot(x, kernel.astype(self.dtype), axes=1)
+        if not self.bias:
+            return y
+        return y + self.param("bias", nn.initializers.zeros, self.features).astype(self.dtype)
 
 
 class RowParallel(nn.Module):
-    """``exit(x @ kernel) + bias``: contracts the last `in_dims` dims (this rank's slice) of `x`."""
+    """``exit(x @ kernel) + bias``: contracts the last `in_dims` dims (this rank's slice) of `x`.
+    ``bias=False``: no bias (LLaMA)."""
 
     features: int
     in_dims: int
     std: float
     tp: TensorParallel
     dtype: jnp.dtype
+    bias: bool = True
 
     @nn.compact
     def __call__(self, x):
         init = nn.initializers.normal(self.std)
         kernel = self.param("kernel", init, (*x.shape[-self.in_dims :], self.features))
-        bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        y = jnp.tensordot(x, kernel.astype(self.dtype), axes=self.in_dims)
-        return self.tp.exit(y) + bias.astype(self.dtype)
+        y = self.tp.exit(jnp.tensordot(x, kernel.astype(self.dtype), axes=self.in_dims))
+        if not self.bias:
+            return y
+        return y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(self.dtype)
 
 
-def _proj_std(cfg: GPTConfig) -> float:
+def proj_std(cfg: GPTConfig) -> float:
     # GPT-2: residual projections scaled by 1/sqrt(2 n_layer) (two per block).
     return INIT_STD / math.sqrt(2 * cfg.n_layer)
 
@@ -101,7 +110,7 @@ class CausalSelfAttention(nn.Module):
         scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
         att = jax.nn.softmax(scores, axis=-1).astype(dt)
         y = jnp.einsum("bhqk,bkhd->bqhd", att, v)
-        return RowParallel(cfg.n_embd, 2, _proj_std(cfg), self.tp, dt, name="c_proj")(y)
+        return RowParallel(cfg.n_embd, 2, proj_std(cfg), self.tp, dt, name="c_proj")(y)
 
 
 class MLP(nn.Module):
@@ -116,7 +125,7 @@ class MLP(nn.Module):
         hidden = 4 * cfg.n_embd // self.tp.size
         h = ColumnParallel((hidden,), self.tp, dt, name="c_fc")(x)
         h = jax.nn.gelu(h, approximate=True)
-        return RowParallel(cfg.n_embd, 1, _proj_std(cfg), self.tp, dt, name="c_proj")(h)
+        return RowParallel(cfg.n_embd, 1, proj_std(cfg), self.tp, dt, name="c_proj")(h)
 
 
 class Block(nn.Module):

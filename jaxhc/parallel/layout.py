@@ -4,16 +4,19 @@ Every mesh holds the same global parameter arrays (the single layout of `jaxhc.m
 
 * ``blocks/*``: the leading layer axis is split over "pipe" into contiguous stages; Megatron splits
   over "tensor" the heads of ``attn/c_attn`` and ``attn/c_proj.kernel`` and the hidden units of
-  ``mlp/c_fc`` and ``mlp/c_proj.kernel``. LayerNorms and the row-parallel biases are replicated
-  over "tensor".
-* ``wte``, ``wpe``, ``ln_f`` (`SHARED`): replicated over "tensor" and "pipe", but each is read
-  by some stages only: the first embeds (``wte``, ``wpe``), the last applies ``ln_f`` and the head
-  tied to ``wte``. The first stage holds the canonical copy of all three (the one the gradient
-  norm counts, a checkpoint writes and `jaxhc.parallel.params_to_single` returns): ``wte`` and
-  ``ln_f`` (`PAIRED`) have their gradients summed over the pair of end stages, so both ends
-  update the same bits; ``wpe`` needs no sum (but joins the pair under a lossy data codec: see
-  `jaxhc.parallel.step._paired`). The middle stages' copies (and the last stage's ``wpe``) get
-  zero gradients: stale copies that no stage reads and no reader takes.
+  ``mlp/c_fc`` and ``mlp/c_proj.kernel`` (LLaMA: the query and key/value heads of
+  ``attn/{q,k,v,o}_proj`` and the units of ``mlp/{gate,up,down}_proj``). Norms and the
+  row-parallel biases are replicated over "tensor".
+* ``wte``, ``wpe``, ``ln_f`` (`SHARED`; LLaMA: ``wte``, ``ln_f`` and an untied ``lm_head``):
+  replicated over "tensor" and "pipe", but each is read by some stages only: the first embeds
+  (``wte``, ``wpe``), the last applies ``ln_f`` and the head (tied to ``wte``, or ``lm_head``).
+  The first stage holds the canonical copy of each (the one the gradient norm counts, a
+  checkpoint writes and `jaxhc.parallel.params_to_single` returns): those the last stage reads
+  (`PAIRED`: ``ln_f``, the head, and ``wte`` when tied) have their gradients summed over the pair
+  of end stages, so both ends update the same bits; the first stage's alone (``wpe``, an untied
+  ``wte``) need no sum (but join the pair under a lossy data codec: see
+  `jaxhc.parallel.step._paired`). The middle stages' copies (and the last stage's first-stage-only
+  ones) get zero gradients: stale copies that no stage reads and no reader takes.
 * Parameters are replicated over "data" (ZeRO-1); AdamW's moments are split over "data".
 
 ZeRO works on each rank's local parameters flattened into one vector (`FlatLayout`), padded so that
@@ -39,11 +42,20 @@ TENSOR_SPLIT = {
     ("mlp", "c_fc", "kernel"): 1,  # (C, 4C): hidden units
     ("mlp", "c_fc", "bias"): 0,  # (4C,)
     ("mlp", "c_proj", "kernel"): 0,  # (4C, C)
+    # LLaMA: query and key/value heads, SwiGLU's units.
+    ("attn", "q_proj", "kernel"): 1,  # (C, H, D)
+    ("attn", "k_proj", "kernel"): 1,  # (C, KV, D)
+    ("attn", "v_proj", "kernel"): 1,  # (C, KV, D)
+    ("attn", "o_proj", "kernel"): 0,  # (H, D, C)
+    ("mlp", "gate_proj", "kernel"): 1,  # (C, I)
+    ("mlp", "up_proj", "kernel"): 1,  # (C, I)
+    ("mlp", "down_proj", "kernel"): 0,  # (I, C)
 }
 # Parameters every stage holds (the rest of the tree is split over "pipe"), and those of them
-# whose gradients the first and the last stage sum (see the module docstring).
-SHARED = ("wte", "wpe", "ln_f")
-PAIRED = ("wte", "ln_f")
+# whose gradients the first and the last stage sum (see the module docstring); ``wte`` only when
+# the last stage reads it too (a tied head).
+SHARED = ("wte", "wpe", "ln_f", "lm_head")
+PAIRED = ("wte", "ln_f", "lm_head")
 # The values of a segment's piece are a multiple of ALIGN: whole blocks of ZFP (4 values) and of
 # the block quantizers' default (q8, q4: 256), so no block of a codec that rows of the flat vector
 # go through spans the shared parameters and a layer's (the end stages' copies of the shared
@@ -55,7 +67,7 @@ ALIGN = 256
 # (Rows of ALIGN would keep the quantizers' blocks apart too, at up to 255 zeros per parameter.)
 ROW = 64
 # Leaves that AdamW decays: matrices and embeddings, not biases or LayerNorm parameters.
-DECAYED = ("kernel", "wte", "wpe")
+DECAYED = ("kernel", "wte", "wpe", "lm_head")
 
 
 def path_names(path) -> tuple[str, ...]:

@@ -9,8 +9,8 @@ cross-device byte goes through jaxhc's collectives under that policy:
 
 * "tensor": `jaxhc.psum` of block outputs and of their input gradients (``kind="act"``);
 * "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and
-  `jaxhc.psum_pair` of the gradients of ``wte`` and ``ln_f`` between the first and the last
-  stage (``kind="grad"``; see `_sum_shared`);
+  `jaxhc.psum_pair` of the gradients of ``ln_f`` and the head (``wte`` or ``lm_head``) between
+  the first and the last stage (``kind="grad"``; see `_sum_shared`);
 * "data": `jaxhc.psum_scatter` of gradients (``kind="grad"``), `jaxhc.all_gather` of updated
   parameters (``kind="param"``); under a sharding plan that nests the data axis
   (`jaxhc.parallel.amsp`), level by level over its sub-axes, and the reduced gradient chunks
@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 import jaxhc
 from jaxhc import context
 from jaxhc._compat import axis_tuple
+from jaxhc.collectives import started
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.model.tensor_parallel import TensorParallel
@@ -119,22 +120,46 @@ def _overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs):
     """(global loss, this rank's reduced gradient chunk), each layer's gradient reduced over the
     data levels in the backward as soon as it is produced (`zero.layer_reduce`), the shared
     parameters' after it: the chunk `zero.reduce` gives, with the same bits (each call coded as
-    the whole vector's would be: `codecs`, from `zero.whole_codecs`)."""
+    the whole vector's would be: `codecs`, from `zero.whole_codecs`).
+
+    Where the transport can start a layer's first reduce-scatter and finish it later
+    (`jaxhc.collectives.started`: the MPI transport's progress threads), the backward only
+    starts it, and the layers' reductions are finished after the backward, in the order they
+    were started, so the earlier layers' backward runs while their bytes move."""
     layout, shard = plan.layout, plan.shard
     shared = {k: v for k, v in params.items() if k != "blocks"}
 
-    def reduce_row(flat):
-        return zero.reduce_gradients(flat, layout, shard=shard, codecs=codecs)
+    def reduce_row(flat, scattered=0):
+        return zero.reduce_gradients(flat, layout, shard=shard, scattered=scattered, codecs=codecs)
 
-    sink = jnp.zeros((layout.layers, layout.layer_padded // shard.grads), jnp.float32)
+    steps = zero.levels(shard)
+    row = jax.ShapeDtypeStruct((layout.layer_padded,), jnp.float32)
+    axis = steps[0][0] if steps else None
+    codec = codecs.get((axis, "scatter"))
+    start = axis is not None and started.can_start(row, axis, codec=codec, kind="grad")
+    begun = {}  # the started calls' description (the same for every layer)
+
+    def start_row(flat):
+        begun["call"] = started.psum_scatter_start(flat, axis, codec=codec, kind="grad")
+        return begun["call"].handle
+
+    width = 1 if start else layout.layer_padded // shard.grads
+    sink = jnp.zeros((layout.layers, width), jnp.float32)
 
     def objective(shared, sink):
         full = {**shared, "blocks": (params["blocks"], sink)}
-        fetch = zero.layer_reduce(layout, reduce_row)
+        fetch = zero.layer_reduce(layout, start_row if start else reduce_row)
         return _local_loss(full, tokens, cfg, mesh_cfg, shard.data_axis, fetch)
 
     local, (g, layers) = jax.value_and_grad(objective, argnums=(0, 1))(shared, sink)
     g = reduce_row(layout.shared_flat(_sum_shared(g, shard.axes)))
+    if start:  # the last layer's was started first
+        call = begun["call"]
+
+        def finish(_, handle):
+            return None, reduce_row(started.psum_scatter_done(call.like(handle)), 1)
+
+        layers = lax.scan(finish, None, layers, reverse=True)[1]
     loss = zero.psum_scalar(local, (*axis_tuple(shard.data_axis), "pipe"))
     return loss, layout.join(g, layers)
 
@@ -162,28 +187,31 @@ def overlaps(plan: Plan, fidelity_every: int = 0, codecs=None) -> bool:
 
 def _sum_shared(grads, data=("data",)):
     """The gradients of the parameters every stage holds (`jaxhc.parallel.layout.SHARED`),
-    summed among the stages that need them: ``wte`` (read by the first and the last stage) and
-    ``ln_f`` (read by the last, its canonical copy on the first) over the pair of end stages, in
-    one message each way; ``wpe`` (the first stage's alone) only where `_paired` says. The other
-    stages' copies keep their own (zero) gradients: stale copies that nothing reads."""
+    summed among the stages that need them: those the last stage reads (``ln_f``, the head:
+    ``wte`` when tied, else ``lm_head``; their canonical copies are the first stage's) over the
+    pair of end stages, in one message each way; the first stage's alone (``wpe``, an untied
+    ``wte``) only where `_paired` says. The other stages' copies keep their own (zero)
+    gradients: stale copies that nothing reads."""
     stages = jaxhc.axis_size("pipe")
     if stages == 1:
         return grads
-    paired = {k: grads[k] for k in _paired(data)}
+    paired = {k: grads[k] for k in _paired(grads, data)}
     return {**grads, **jaxhc.psum_pair(paired, "pipe", (0, stages - 1), kind="grad")}
 
 
-def _paired(data) -> tuple[str, ...]:
-    """`PAIRED`, and ``wpe`` too when a lossy codec reduces the gradients over a `data` (sub-)axis:
-    its blocks may span neighbouring parameters of the flat ZeRO vector (wpe lies between ln_f
-    and wte), so the end stages' reductions give wte and ln_f the same bits only if their wpe
-    gradients are the same too."""
+def _paired(grads, data) -> tuple[str, ...]:
+    """The shared parameters of `grads` the last stage reads (`PAIRED` but an untied ``wte``),
+    and all of them when a lossy codec reduces the gradients over a `data` (sub-)axis: its
+    blocks may span neighbouring parameters of the flat ZeRO vector (``wpe`` lies between
+    ``ln_f`` and ``wte``), so the end stages' reductions give the paired parameters the same bits
+    only if their other shared gradients are the same too."""
+    first_only = ("wpe", "wte") if "lm_head" in grads else ("wpe",)
     policy = context.policy()
     for axis in axis_tuple(data) if policy is not None else ():
         codec = policy.codec_for(axis, "grad", jnp.float32)
         if jaxhc.axis_size(axis) > 1 and codec is not None and not codec.lossless:
-            return (*PAIRED, "wpe")
-    return PAIRED
+            first_only = ()
+    return tuple(k for k in (*PAIRED, "wpe") if k in grads and k not in first_only)
 
 
 def _loss_and_grads(params, tokens, cfg, mesh_cfg):

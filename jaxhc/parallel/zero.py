@@ -270,7 +270,8 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
 def layer_reduce(layout: FlatLayout, reduce_row: Callable) -> Callable:
     """Unsharded parameters, gradients reduced in the backward: ``fetch(layer, h, (params,
     sink)) -> layer(params, h)``, whose reverse mode gives the layer's parameters no cotangent
-    and gives `sink` (zeros shaped like the reduction's result) ``reduce_row(row)``, where row
+    and gives `sink` (zeros shaped like what `reduce_row` returns: the reduction's result, or
+    the handle of a started one) ``reduce_row(row)``, where row
     is the layer's gradient flattened into its padded segment (`FlatLayout.layer_flat`). Each
     layer's reduction is thus issued as soon as the backward has produced its gradient, while
     the earlier layers' backward is still to run, and the segments' reductions joined give the

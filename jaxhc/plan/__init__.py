@@ -5,6 +5,9 @@
 shapes (GPT-2, LLaMA); `cluster` reads cluster files (`jaxhc profile` writes one); `cost` predicts
 a plan's memory per device and communication time per step; `search` ranks the plans
 (``jaxhc plan``).
+
+>>> sorted(jaxhc.plan.MODELS)                 # GPT-2 presets; LLaMA shapes: load_shape
+['gpt2-large', 'gpt2-medium', 'gpt2-small', 'gpt2-xl']
 """
 
 from jaxhc.plan.cluster import Cluster as Cluster

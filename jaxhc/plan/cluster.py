@@ -26,22 +26,77 @@ collectives, where a group of 2 among 8 devices moves a byte slower than the gro
         all_gather: {2: {gbit_s: 11, latency_us: 0}, 8: {gbit_s: 25, latency_us: 18}}
 
 A collective whose group fits a node takes its op's figures for its group size when given
-(`Cluster.collective_link`), else ``links.intra``.
+(`Cluster.collective_link`), else ``links.intra``. Both tables also take ``broadcast`` (the
+optimizer-state exchange of ``schedule.exchange: broadcast``, below).
+
+Optionally ``links.inter_collectives`` does the same for groups that cross nodes: per op and
+group size (the number of nodes the group spans, >= 2: a ring of k ranks with m members in
+each node spans k / m), the bandwidth per device's NIC share and the latency per ring step such
+a collective gets, where a group over many nodes gets much less of the link than one over a few
+(more ring steps, smaller pieces per step, more traffic through the fabric's upper levels)::
+
+    links:
+      inter: {gbit_s: 200, latency_us: 10}
+      inter_collectives:
+        psum: {2: {gbit_s: 190, latency_us: 8}, 128: {gbit_s: 90, latency_us: 20}}
+
+Its figures replace ``links.inter`` in the ring's bandwidth min(intra, m x inter) (m: the
+ring's members in one node) and in its latency (`Cluster.inter_link`). A group size between two
+listed ones takes figures interpolated linearly in log(group size) (log-log for the bandwidth,
+log-linear for the latency); one below the smallest or above the largest listed size takes that
+end's figures; an op not listed takes ``links.inter``. The message size enters through each
+entry's latency and bandwidth (an alpha-beta pair per op and size).
+
+Optionally ``schedule`` says how the training system runs a plan's data-axis collectives
+(default: as jaxhc's step runs them; `jaxhc.plan.cost.collectives`)::
+
+    schedule:
+      gradients: scatter      # scatter (jaxhc): reduce-scatter over every level to 1/data, then
+                              # all-gather back over the levels outside s_g; all_reduce (AMSP):
+                              # a replicated gradient (s_g = 1) all-reduced whole over the data
+                              # axis in one collective; a sharded one reduce-scattered over the
+                              # levels inside s_os, then all-reduced in ONE collective over the
+                              # chunk's replicas (the levels outside s_os as one group)
+      exchange: all_gather    # the updated parameters over the levels inside s_os, outside
+                              # s_p: all_gather (jaxhc) or broadcast (AMSP: each member of a
+                              # level broadcasts its updated chunk to the others in turn)
+      nesting: node           # node (jaxhc's search): the data axis nested at the node boundary
+                              # and at the plan's sizes; sizes (AMSP's groups): at its sizes only
+
+A broadcast is uncompressed; one of a chunk of c bytes over k ranks is a pipelined ring: k - 1
+steps of latency, c bytes over every link (`jaxhc.plan.cost.Comm`). The schedule is what a
+plan's prediction assumes, not what `jaxhc train` runs (jaxhc's step is the default's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import yaml
 
 from jaxhc.codecs import parse
 
-TOP_KEYS = ("name", "nodes", "devices_per_node", "memory_gib", "links", "codecs", "source")
+TOP_KEYS = (
+    "name",
+    "nodes",
+    "devices_per_node",
+    "memory_gib",
+    "links",
+    "codecs",
+    "schedule",
+    "source",
+)
 # What moves a collective's bytes inside a node (`jaxhc.plan.cost.Comm.legs`): a compressed
 # reduce-scatter's payloads go by an all-to-all, a fallback flag's agreement by a tiny all-reduce.
 COLLECTIVE_OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
+TABLE_OPS = (*COLLECTIVE_OPS, "broadcast")  # what the link tables give figures for
+SCHEDULE = {  # schedule key: its values, the default (jaxhc's step) first
+    "gradients": ("scatter", "all_reduce"),
+    "exchange": ("all_gather", "broadcast"),
+    "nesting": ("node", "sizes"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +126,18 @@ class CodecSpeed:
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
+    """A cluster: nodes of devices, the links within and between nodes, codec speeds (a
+    cluster file, `jaxhc.plan.cluster.load`).
+
+    >>> cluster = jaxhc.plan.cluster.from_dict({
+    ...     "name": "two-nodes", "nodes": 2, "devices_per_node": 4, "memory_gib": 16,
+    ...     "links": {"intra": {"gbit_s": 800, "latency_us": 5},
+    ...               "inter": {"gbit_s": 100, "latency_us": 10}},
+    ...     "codecs": {"zfp:8": {"encode_gb_s": 50, "decode_gb_s": 50}}})
+    >>> cluster.devices, cluster.link(8).bandwidth        # a group across nodes: the NIC's bytes/s
+    (8, 12500000000.0)
+    """
+
     name: str
     nodes: int
     devices_per_node: int
@@ -80,6 +147,10 @@ class Cluster:
     codecs: dict  # codec spec -> CodecSpeed
     source: str = ""
     collectives: dict = dataclasses.field(default_factory=dict)  # (op, ranks) -> Link, in a node
+    inter_collectives: dict = dataclasses.field(default_factory=dict)  # (op, ranks) -> Link
+    gradients: str = "scatter"  # schedule.gradients
+    exchange: str = "all_gather"  # schedule.exchange
+    nesting: str = "node"  # schedule.nesting
 
     @property
     def devices(self) -> int:
@@ -95,6 +166,21 @@ class Cluster:
         if devices_spanned > self.devices_per_node:
             return None
         return self.collectives.get((op, ranks))
+
+    def inter_link(self, op: str, nodes: int) -> Link:
+        """Per-NIC-share bandwidth and per-step latency of `op` over a group spanning `nodes`
+        nodes: ``links.inter_collectives`` interpolated in log(nodes), else ``links.inter``."""
+        sizes = sorted(k for o, k in self.inter_collectives if o == op)
+        if not sizes:
+            return self.inter
+        lo = max([k for k in sizes if k <= nodes] or sizes[:1])
+        hi = min([k for k in sizes if k >= nodes] or sizes[-1:])
+        a, b = self.inter_collectives[(op, lo)], self.inter_collectives[(op, hi)]
+        if lo == hi:
+            return a
+        w = math.log(nodes / lo) / math.log(hi / lo)
+        bandwidth = a.bandwidth ** (1 - w) * b.bandwidth**w
+        return Link(bandwidth, (1 - w) * a.latency + w * b.latency)
 
     def speed(self, spec: str) -> CodecSpeed:
         key = parse(spec).spec
@@ -122,6 +208,14 @@ class Cluster:
             for (op, k), link in self.collectives.items():
                 table.setdefault(op, {})[k] = link.to_dict()
             out["links"]["collectives"] = table
+        if self.inter_collectives:
+            table = {}
+            for (op, k), link in self.inter_collectives.items():
+                table.setdefault(op, {})[k] = link.to_dict()
+            out["links"]["inter_collectives"] = table
+        schedule = {k: getattr(self, k) for k in SCHEDULE if getattr(self, k) != SCHEDULE[k][0]}
+        if schedule:
+            out["schedule"] = schedule
         if self.source:
             out["source"] = self.source
         return out
@@ -184,7 +278,7 @@ def from_dict(data, where: str = "cluster") -> Cluster:
     nodes = _count("nodes", data["nodes"])
     per_node = _count("devices_per_node", data["devices_per_node"])
     memory = _number("memory_gib", data["memory_gib"]) * 2**30
-    links = _mapping("links", data["links"], ("intra", "inter", "collectives"))
+    links = _mapping("links", data["links"], ("intra", "inter", "collectives", "inter_collectives"))
     if "intra" not in links:
         raise ValueError(f"{where}: cluster key links.intra is missing")
     intra = _link("links.intra", links["intra"])
@@ -195,6 +289,13 @@ def from_dict(data, where: str = "cluster") -> Cluster:
     else:
         raise ValueError(f"{where}: cluster key links.inter is missing ({nodes} nodes)")
     groups = _collectives(links.get("collectives"), per_node)
+    if "inter_collectives" in links and nodes == 1:
+        raise ValueError(f"{where}: links.inter_collectives needs more than one node")
+    inter_groups = _collectives(links.get("inter_collectives"), None, "links.inter_collectives")
+    schedule = _mapping("schedule", data.get("schedule") or {}, tuple(SCHEDULE))
+    for k, v in schedule.items():
+        if v not in SCHEDULE[k]:
+            raise ValueError(f"{where}: schedule.{k}={v!r} must be one of {', '.join(SCHEDULE[k])}")
     codecs = {}
     for spec, speeds in (data.get("codecs") or {}).items():
         try:
@@ -213,24 +314,36 @@ def from_dict(data, where: str = "cluster") -> Cluster:
         )
     name = str(data.get("name", os.path.splitext(os.path.basename(where))[0]))
     source = str(data.get("source", ""))
-    return Cluster(name, nodes, per_node, memory, intra, inter, codecs, source, groups)
+    return Cluster(
+        name,
+        nodes,
+        per_node,
+        memory,
+        intra,
+        inter,
+        codecs,
+        source,
+        groups,
+        inter_groups,
+        *(schedule.get(k, values[0]) for k, values in SCHEDULE.items()),
+    )
 
 
-def _collectives(table, per_node: int) -> dict:
-    """``links.collectives`` as {(op, ranks): Link}; group sizes are integers 2..per_node (YAML
-    writes them as numbers, JSON as strings: both read)."""
+def _collectives(table, per_node: int | None, key: str = "links.collectives") -> dict:
+    """A link table (`key`) as {(op, ranks): Link}; group sizes are integers >= 2, at most
+    `per_node` when given (YAML writes them as numbers, JSON as strings: both read)."""
     if table is None:
         return {}
     out = {}
-    for op, sizes in _mapping("links.collectives", table, COLLECTIVE_OPS).items():
-        where = f"links.collectives.{op}"
+    for op, sizes in _mapping(key, table, TABLE_OPS).items():
+        where = f"{key}.{op}"
         if not isinstance(sizes, dict):
             raise ValueError(f"{where} must be a mapping, got {sizes!r}")
         for k, figures in sizes.items():
             ranks = int(k) if isinstance(k, str) and k.isdigit() else k
             if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
                 raise ValueError(f"{where}.{k}: a group size must be an integer >= 2")
-            if ranks > per_node:
+            if per_node is not None and ranks > per_node:
                 raise ValueError(
                     f"{where}.{k}: a group of {ranks} ranks does not fit a node of {per_node}"
                 )

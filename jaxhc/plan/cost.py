@@ -54,7 +54,12 @@ precision moved: 4 psi float32, 2 psi mixed), level by level over the nested dat
                             the positions too under a lossy data grad codec), each sending
                             their bytes once: 2/p of them per device on average
 In float32 these are exactly `jaxhc.plan.traffic.data_collectives` (tested), whose bytes equal
-the ledger's.
+the ledger's. A cluster's ``schedule`` (`jaxhc.plan.cluster`) may run them as AMSP does instead:
+``gradients: all_reduce``: a replicated gradient (s_g = 1) all-reduced whole over the data axis
+(one psum of data ranks), a sharded one reduce-scattered over the levels inside s_os and then
+all-reduced over the chunk's data / s_os replicas (one psum, its ranks s_os apart), no gathers
+back; ``exchange: broadcast``: per level of the exchange, each of its k members broadcasts its
+chunk (k broadcasts of the chunk, uncompressed).
 
 Time of a collective of k ranks: (k - 1) latencies (2 (k - 1) for an all-reduce) + wire bytes /
 bandwidth of the links its group spans (intra-node when its devices fit in a node; across nodes
@@ -65,7 +70,9 @@ encodes its chunk and decodes k chunks) at the cluster's speeds; a codec that ma
 the flag's agreement, an all-reduce of 4 bytes a rank (2 (k - 1) latencies). Under a codec the
 payloads move as jaxhc's XLA transport moves them (`Comm.legs`: a reduce-scatter's by an
 all-to-all); a cluster's ``links.collectives`` gives an op over a group inside a node its own
-latency and bandwidth for that group size (measured by `jaxhc profile --links`). On the MPI
+latency and bandwidth for that group size (measured by `jaxhc profile --links`), and
+``links.inter_collectives`` an op across nodes its latency and per-NIC-share bandwidth by the
+nodes its group spans (in place of ``links.inter``: `Cluster.inter_link`). On the MPI
 transport (``Layout.transport``) a ZFP or MPC psum, reduce-scatter or all-gather without error
 feedback is one fused native call (`jaxhc.transport._mpi_fused`): its segments of
 SEGMENT_BYTES raw bytes are encoded, sent and decoded in a pipeline, so its wire time W and codec
@@ -86,7 +93,7 @@ import jax.numpy as jnp
 
 from jaxhc.codecs import Codec, parse
 from jaxhc.collectives import volume
-from jaxhc.plan.cluster import Cluster
+from jaxhc.plan.cluster import Cluster, Link
 from jaxhc.plan.shapes import ModelShape
 from jaxhc.transport._mpi_fused import SEGMENT_BYTES
 
@@ -100,6 +107,15 @@ PRECISIONS = {  # bytes per value: params, grads (and what they move as), activa
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
+    """One plan: the mesh, the AMSP sizes (s_p, s_g, s_os), the nested data groups, the codec on
+    the levels that cross nodes, precision, recomputation, gathering and transport.
+
+    >>> lay = jaxhc.plan.Layout(data=8, tensor=1, pipe=1, microbatches=1, params=1, grads=8,
+    ...                         optim=8, levels=(8,))       # jaxhc's ZeRO on a flat data axis
+    >>> lay.sizes
+    (1, 8, 8)
+    """
+
     data: int
     tensor: int
     pipe: int
@@ -182,6 +198,7 @@ class Comm:
             "psum": 2 * (k - 1) / k * n,
             "ppermute": (k - 1) / k * n,  # a pipeline: the last stage sends nothing forward
             "psum_pair": 2 / k * n,  # two of the k ranks send
+            "broadcast": n,  # a pipelined ring: every link carries the whole message
         }[self.op]
 
     @property
@@ -193,9 +210,16 @@ class Comm:
         """Bytes/s per device: intra-node when the group fits a node; across nodes, a node's
         rings of this level (per_node / m of them, m = its members in the node) share the node's
         per_node NIC shares, and each ring step crosses once per node: min(intra, m x inter)."""
+        return self.link(cluster, self.op).bandwidth
+
+    def link(self, cluster: Cluster, op: str) -> Link:
+        """The latency per step and bandwidth per device `op` gets over this group: the level's
+        links inside a node; across nodes min(intra, m x inter) at `Cluster.inter_link`'s
+        figures for `op` and the nodes the group spans (``links.inter``'s without a table)."""
         if self.span <= cluster.devices_per_node:
-            return cluster.intra.bandwidth
-        return min(cluster.intra.bandwidth, self.per_node * cluster.inter.bandwidth)
+            return cluster.intra
+        inter = cluster.inter_link(op, -(-self.ranks // self.per_node))  # the nodes it spans
+        return Link(min(cluster.intra.bandwidth, self.per_node * inter.bandwidth), inter.latency)
 
     def legs(self) -> list[tuple[str, int, float]]:
         """(op, latency steps, bytes) of what moves one call: the op itself, or under a codec
@@ -227,8 +251,9 @@ class Comm:
                 latency += steps * own.latency
                 wire += nbytes / own.bandwidth
             else:
-                latency += steps * cluster.link(self.span).latency
-                wire += nbytes / self.bandwidth(cluster)
+                link = self.link(cluster, op)
+                latency += steps * link.latency
+                wire += nbytes / link.bandwidth
         n = self.message * self.itemsize
         if self.codec is not None and self.codec.spec != "none":
             speed = cluster.speed(self.codec.spec)
@@ -291,7 +316,7 @@ def _param_shapes(gpt):
 def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
     """(parameters on the device, its padded flat vector): exact (jaxhc's layout) for a model
     jaxhc trains in float32, else `ModelShape.device_params` padded to 4 x data."""
-    if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
+    if shape.gpt is not None and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
         return fl.size, fl.padded
     size = shape.device_params(lay.tensor, lay.pipe)
@@ -306,7 +331,7 @@ def device_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
 
     layers = shape.layers // lay.pipe
     q = ALIGN * lay.data
-    if shape.gpt is not None and not shape.swiglu and lay.precision == "float32":
+    if shape.gpt is not None and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
         return fl.shared_padded, fl.layer_padded, fl.layers
     _, padded = device_params(shape, lay)
@@ -398,7 +423,15 @@ def codec_by_policy(policy):
 def collectives(
     shape: ModelShape, lay: Layout, batch: int, seq: int, cluster: Cluster, codec_of=None
 ) -> list[Comm]:
-    """The collectives of one step on one device, in the order the step runs them."""
+    """The collectives of one step on one device, in the order the step runs them.
+
+    >>> lay = jaxhc.plan.Layout(data=8, tensor=1, pipe=1, microbatches=1, params=1, grads=8,
+    ...                         optim=8, levels=(8,))
+    >>> shape = jaxhc.plan.load_shape("gpt2-small")
+    >>> cluster = jaxhc.plan.cluster.local(devices=8, memory_gib=16)
+    >>> [(c.op, c.kind) for c in jaxhc.plan.collectives(shape, lay, 8, 1024, cluster)]
+    [('psum_scatter', 'grad'), ('all_gather', 'param')]
+    """
     codec_of = codec_of or codec_by_spec(lay.codec)
     feedback = getattr(codec_of, "error_feedback", False)
     ep, eg, ea = PRECISIONS[lay.precision]
@@ -415,6 +448,7 @@ def collectives(
         span = levels[i] * tp
         inter = span > cluster.devices_per_node
         codec = codec_of(lay.axis(i), kind, itemsize, message * itemsize, inter)
+        codec = None if op == "broadcast" else codec  # jaxhc has no compressed broadcast
         members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
         fused = _fused(lay, codec, op, feedback and kind == "grad")
         out.append(
@@ -446,20 +480,35 @@ def collectives(
             add(i, "grad", "psum_scatter", n, eg, count)
             n //= factors[i]
     n = padded
-    for i in range(len(levels)):
+    # AMSP's schedule: a sharded gradient reduce-scattered down to the OS chunk, a replicated
+    # one (s_g = 1) not at all; then one all-reduce over the chunk's replicas
+    amsp = cluster.gradients == "all_reduce"
+    reduced = (lay.optim if lay.grads > 1 else 1) if amsp else lay.data
+    for i in inside(reduced):
         count = m if per_micro and levels[i] <= lay.grads else 1
         if not (scatters and levels[i] <= lay.params):
             add(i, "grad", "psum_scatter", n, eg, count)
         n //= factors[i]
-    for i in reversed(range(len(levels))):  # back over the levels outside the gradient group
+    if amsp and reduced < lay.data:  # the replicas: one group of data / reduced ranks
+        k, span, axis = lay.data // reduced, lay.data * tp, lay.axis(len(levels) - 1)
+        codec = codec_of(axis, "grad", eg, n * eg, span > cluster.devices_per_node)
+        members = _members(k, reduced * tp, cluster.devices_per_node)
+        fused = _fused(lay, codec, "psum", feedback)
+        out.append(Comm(axis, "grad", "psum", k, span, n, eg, 1, codec, members, fused))
+    for i in reversed(range(len(levels))) if not amsp else ():  # back outside the gradient group
         if levels[i] > lay.grads:
             add(i, "grad", "all_gather", n, eg, 1)
             n *= factors[i]
-    # parameter exchange after the update: the OS chunk over the levels inside s_os, outside s_p
+    # parameter exchange after the update: the OS chunk over the levels inside s_os, outside
+    # s_p, all-gathered, or broadcast by each member of a level (k uncompressed broadcasts)
     n = padded // lay.optim
+    broadcast = cluster.exchange == "broadcast"
     for i in reversed(inside(lay.optim)):
         if levels[i] > lay.params:
-            add(i, "param", "all_gather", n, ep, 1)
+            if broadcast:  # one broadcast of its chunk by each member
+                add(i, "param", "broadcast", n, ep, factors[i])
+            else:
+                add(i, "param", "all_gather", n, ep, 1)
             n *= factors[i]
     b, tok = tokens_per_microbatch(lay, batch, seq)
     act = tok * shape.width
@@ -523,7 +572,7 @@ def check_layout(shape: ModelShape, lay: Layout, batch: int) -> str:
     for s in lay.sizes:
         if s not in (1, *lay.levels):
             return f"size {s} is not 1 or one of the levels {list(lay.levels)}"
-    if shape.gpt is not None and not shape.swiglu:
+    if shape.gpt is not None:
         from jaxhc.model.config import MeshConfig, validate
 
         try:
@@ -539,7 +588,7 @@ def check_layout(shape: ModelShape, lay: Layout, batch: int) -> str:
 
 def trainable(shape: ModelShape, lay: Layout) -> str:
     """Whether `jaxhc train` takes the plan: "yes", or why not (the trainer's own refusal)."""
-    if shape.gpt is None or shape.swiglu:
+    if shape.gpt is None:
         return "shapes only"
     from jaxhc.model.config import ShardConfig
 

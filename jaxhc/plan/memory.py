@@ -31,7 +31,11 @@ SCALARS = 2  # the step and AdamW's count, int32
 @dataclasses.dataclass(frozen=True)
 class StateBytes:
     """Bytes one device holds: P, G (the reduced gradient chunk), OS (with the scalars and any
-    error-feedback residual)."""
+    error-feedback residual).
+
+    >>> jaxhc.plan.StateBytes(params=4000, grads=500, optim=1500)
+    StateBytes(params=4000, grads=500, optim=1500)
+    """
 
     params: int
     grads: int
@@ -48,7 +52,13 @@ class StateBytes:
 
 
 def state_bytes(model: GPTConfig, mesh: MeshConfig, policy=None) -> StateBytes:
-    """The per-device bytes of `model` trained on `mesh` (with its ``mesh.shard`` plan)."""
+    """The per-device bytes of `model` trained on `mesh` (with its ``mesh.shard`` plan).
+
+    >>> from jaxhc.model.config import GPTConfig, MeshConfig
+    >>> model = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    >>> jaxhc.plan.state_bytes(model, MeshConfig(data=2))
+    StateBytes(params=3337216, grads=1672192, optim=5016584)
+    """
     plan = Plan(model, mesh, policy=policy)
     shard, layout = plan.shard, plan.layout
     optim = OPT_VECTORS * layout.padded // shard.optim + SCALARS
@@ -63,7 +73,14 @@ def state_bytes(model: GPTConfig, mesh: MeshConfig, policy=None) -> StateBytes:
 
 
 def amsp_bytes(psi: int, shard: ShardPlan) -> StateBytes:
-    """AMSP's mixed-precision count for `psi` parameters under `shard`."""
+    """AMSP's mixed-precision count for `psi` parameters under `shard`.
+
+    >>> from jaxhc.model.config import MeshConfig
+    >>> from jaxhc.parallel.amsp import ShardPlan
+    >>> shard = ShardPlan.of(MeshConfig(data=8, shard={"optim": 4, "grads": 1}))
+    >>> jaxhc.plan.amsp_bytes(1000, shard)
+    StateBytes(params=2000, grads=2000, optim=3000)
+    """
     return StateBytes(
         params=2 * psi // shard.params, grads=2 * psi // shard.grads, optim=12 * psi // shard.optim
     )

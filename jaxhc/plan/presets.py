@@ -1,5 +1,5 @@
 """Model presets for the planner: the GPT-2 family (OpenAI's sizes, vocabulary padded to 50304)
-and, as shapes only (`jaxhc.plan.shapes`), LLaMA 7B-65B."""
+and LLaMA 7B-65B (`jaxhc.plan.shapes.LLAMA_CONFIGS`)."""
 
 from __future__ import annotations
 
@@ -40,19 +40,32 @@ def _gpt_config(path: str, data: dict) -> GPTConfig:
 
 
 def load_model(name_or_path: str) -> GPTConfig:
-    """A preset name or a YAML file of `GPTConfig` keys (a ``model:`` section is accepted)."""
-    if name_or_path in MODELS:
-        return MODELS[name_or_path]
-    return _gpt_config(name_or_path, _read_mapping(name_or_path, MODELS))
+    """A preset name or a YAML file of `GPTConfig` keys (a ``model:`` section is accepted).
+
+    >>> model = jaxhc.plan.load_model("gpt2-small")
+    >>> model.n_layer, model.n_embd
+    (12, 768)
+    """
+    from jaxhc.plan.shapes import LLAMA_CONFIGS
+
+    presets = {**MODELS, **LLAMA_CONFIGS}
+    if name_or_path in presets:
+        return presets[name_or_path]
+    return _gpt_config(name_or_path, _read_mapping(name_or_path, presets))
 
 
-SHAPE_KEYS = ("layers", "width", "heads", "ffn", "vocab", "swiglu", "positions")
+SHAPE_KEYS = ("layers", "width", "heads", "ffn", "vocab", "swiglu", "positions", "kv_heads", "tie")
 
 
 def load_shape(name_or_path: str):
     """The planner's `ModelShape` of a preset (GPT-2 or LLaMA) or a YAML file: GPTConfig keys
     (a model jaxhc trains) or the shape keys layers, width, heads, ffn, vocab[, swiglu,
-    positions] (a ``model:`` section is accepted)."""
+    positions, kv_heads, tie] (a ``model:`` section is accepted).
+
+    >>> shape = jaxhc.plan.load_shape("llama-7b")
+    >>> shape.layers, shape.width, shape.swiglu
+    (32, 4096, True)
+    """
     from jaxhc.plan.shapes import LLAMA, ModelShape, from_gpt
 
     if name_or_path in LLAMA:

@@ -36,6 +36,15 @@ from jaxhc.plan.shapes import ModelShape
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
+    """A plan (`Layout`) with its predicted memory per device and communication per step, why it
+    does not fit (``rejected``, empty when it does) and whether `jaxhc train` takes it.
+
+    >>> cluster = jaxhc.plan.cluster.local(devices=8, memory_gib=16)
+    >>> best = jaxhc.plan.search(jaxhc.plan.load_shape("gpt2-small"), cluster, batch=8, seq=1024)[0]
+    >>> best.rejected, best.trainable, best.layout.data * best.layout.tensor * best.layout.pipe
+    ('', 'yes', 8)
+    """
+
     layout: Layout
     memory: Memory | None
     comm_bytes: float
@@ -72,6 +81,7 @@ def enumerate_layouts(
     tensors=None,
     pipes=None,
     transport: str = "xla",
+    nesting: str = "node",
 ):
     for t in tensors or [t for t in divisors(devices) if t <= per_node]:
         if devices % t:
@@ -92,7 +102,8 @@ def enumerate_layouts(
                         triples.add((s_p, s_g, s_os))
             shapes = []
             for tri in sorted(triples):
-                levels = sorted({node, *tri} - {1, data}) + [data]
+                own = {node, *tri} if nesting == "node" else set(tri)
+                levels = sorted(own - {1, data}) + [data]
                 if all(h % lo == 0 for lo, h in zip(levels, levels[1:], strict=False)):
                     shapes.append((tri, tuple(levels)))
             if node > 1 and data > node:  # the flat axis: one ring across the nodes
@@ -170,7 +181,14 @@ def search(
     """The candidates, ranked (fitting ones first, fastest first). `model_parallel` "min" keeps
     the smallest tensor x pipe at which a plan fits (the model counts communication only, so
     more model parallelism always looks cheaper: it costs compute efficiency and pipeline
-    bubbles the model does not count); "all" keeps every size."""
+    bubbles the model does not count); "all" keeps every size.
+
+    >>> cluster = jaxhc.plan.cluster.local(devices=8, memory_gib=16)
+    >>> rows = jaxhc.plan.search(jaxhc.plan.load_shape("gpt2-small"), cluster, batch=8, seq=1024,
+    ...                          codecs=("none", "zfp:8"))
+    >>> rows[0].comm_seconds <= rows[1].comm_seconds and not rows[0].rejected
+    True
+    """
     for codec in codecs:
         if codec != "none" and not codec.startswith("policy "):
             cluster.speed(codec)  # a codec without a speed is an error now, not per row
@@ -185,6 +203,7 @@ def search(
         tensors,
         pipes,
         transport,
+        cluster.nesting,
     )
     rows = [evaluate(shape, lay, cluster, batch, seq, codec_of) for lay in layouts]
     if model_parallel not in ("min", "all"):
@@ -246,7 +265,13 @@ def _whole(lay: Layout) -> str:
 
 def table(rows: list[Candidate], top: int = 10, rejected: int = 10) -> str:
     """The `top` fitting plans as a markdown table, then one line per rejected plan (the first
-    `rejected` of them, codec and recomputation variants of one plan folded into its first)."""
+    `rejected` of them, codec and recomputation variants of one plan folded into its first).
+
+    >>> cluster = jaxhc.plan.cluster.local(devices=8, memory_gib=16)
+    >>> rows = jaxhc.plan.search(jaxhc.plan.load_shape("gpt2-small"), cluster, batch=8, seq=1024)
+    >>> print(jaxhc.plan.table(rows, top=1, rejected=0).splitlines()[0][:40])
+    | # | tensor | pipe | data | s_p | s_g |
+    """
     fits = [c for c in rows if not c.rejected]
     lines = [HEADER, "|" + "---:|" * 7 + "---|---|---|" + "---:|" * 8 + "---|---|"]
     lines += [row(i + 1, c) for i, c in enumerate(fits[:top])]

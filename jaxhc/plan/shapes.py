@@ -1,12 +1,14 @@
 """The planner's view of a model: its shapes only (layers, width, heads, FFN size, vocabulary).
 
-`ModelShape` describes GPT-2 (LayerNorm, gelu MLP of two matrices, learned positions, tied head:
-what `jaxhc.model.gpt` trains) and LLaMA (RMSNorm, SwiGLU MLP of three matrices, rotary positions,
-untied head), which jaxhc does not train: the planner needs nothing but the counts below.
+`ModelShape` describes GPT-2 (LayerNorm, gelu MLP of two matrices, learned positions, tied head)
+and LLaMA (RMSNorm, SwiGLU MLP of three matrices, rotary positions, grouped-query attention, a head
+tied or not), both of which `jaxhc.model.gpt` trains (``gpt``: the config, when there is one): the
+planner needs nothing but the counts below.
 
-Parameters per layer: attention 4 h^2 (+ 4 h biases, GPT-2), MLP 2 h f (+ f + h biases, GPT-2)
-or 3 h f (SwiGLU), norms 2 x 2h (LayerNorm) or 2 h (RMSNorm). Whole model: L layers, the token
-embedding V h, the head V h unless tied, learned positions S h, the final norm.
+Parameters per layer: attention 2 h^2 + 2 h k (k = h x kv_heads / heads: the key and value
+projections; + 4 h biases, GPT-2), MLP 2 h f (+ f + h biases, GPT-2) or 3 h f (SwiGLU), norms
+2 x 2h (LayerNorm) or 2 h (RMSNorm). Whole model: L layers, the token embedding V h, the head V h
+unless tied, learned positions S h, the final norm.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class ModelShape:
     swiglu: bool = False  # LLaMA: RMSNorm, three MLP matrices, no biases, untied head
     positions: int = 0  # learned position rows (GPT-2: block_size)
     gpt: GPTConfig | None = None  # the config jaxhc trains, when it is one
+    kv_heads: int | None = None  # key/value heads (None: heads)
+    tie: bool | None = None  # a head tied to the embedding (None: GPT-2 yes, LLaMA no)
 
     def __post_init__(self):
         for key in ("layers", "width", "heads", "ffn", "vocab"):
@@ -37,16 +41,30 @@ class ModelShape:
             raise ValueError(
                 f"model {self.name}: width={self.width} is not divisible by heads={self.heads}"
             )
+        kv = self.kv_heads
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
+            raise ValueError(f"model {self.name}: kv_heads={kv!r} must be a positive integer")
+        if kv is not None and self.heads % kv:
+            raise ValueError(
+                f"model {self.name}: heads={self.heads} is not divisible by kv_heads={kv}"
+            )
 
     @property
     def tied(self) -> bool:
-        return not self.swiglu
+        return not self.swiglu if self.tie is None else self.tie
+
+    @property
+    def kv_width(self) -> int:
+        """The width of the key (and of the value) projection."""
+        heads = self.heads if self.kv_heads is None else self.kv_heads
+        return self.width // self.heads * heads
 
     def layer_params(self) -> int:
         h, f = self.width, self.ffn
+        attention = 2 * h * h + 2 * h * self.kv_width
         if self.swiglu:
-            return 4 * h * h + 3 * h * f + 2 * h
-        return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+            return attention + 3 * h * f + 2 * h
+        return attention + 4 * h + 2 * h * f + f + h + 4 * h
 
     def embedding_params(self) -> int:
         """Token embedding, head (when untied), positions, final norm."""
@@ -55,18 +73,14 @@ class ModelShape:
         return self.vocab * h + head + self.positions * h + (h if self.swiglu else 2 * h)
 
     def paired_params(self, positions: bool = False) -> int:
-        """Parameters whose gradients a pipeline's first and last stage sum (jaxhc's GPT: the
-        tied token embedding, which both read, and the final norm, read by the last stage and
-        kept canonical on the first; the positions, the first stage's alone, only with
-        `positions`: under a lossy data codec); LLaMA: none counted (its untied embedding and
-        head sit on the end stages)."""
-        if self.swiglu:
-            return 0
-        return (
-            self.vocab * self.width
-            + 2 * self.width
-            + (self.positions * self.width if positions else 0)
-        )
+        """Parameters whose gradients a pipeline's first and last stage sum (jaxhc's model: the
+        head, read by the last stage (tied: the token embedding, which both read), and the final
+        norm, kept canonical on the first; the first stage's alone (the positions, an untied
+        token embedding) only with `positions`: under a lossy data codec)."""
+        h = self.width
+        norm = h if self.swiglu else 2 * h
+        first_only = self.positions * h + (0 if self.tied else self.vocab * h)
+        return self.vocab * h + norm + (first_only if positions else 0)
 
     def params(self) -> int:
         return self.layers * self.layer_params() + self.embedding_params()
@@ -105,17 +119,35 @@ def from_gpt(name: str, cfg: GPTConfig) -> ModelShape:
         layers=cfg.n_layer,
         width=cfg.n_embd,
         heads=cfg.n_head,
-        ffn=4 * cfg.n_embd,
+        ffn=cfg.ffn,
         vocab=cfg.vocab_size,
-        positions=cfg.block_size,
+        swiglu=cfg.llama,
+        positions=0 if cfg.llama else cfg.block_size,
         gpt=cfg,
+        kv_heads=cfg.kv_heads if cfg.llama else None,
+        tie=cfg.tied,
     )
 
 
-# LLaMA (Touvron et al. 2023, Table 2; FFN sizes of the released checkpoints); vocab 32000.
-LLAMA = {
-    "llama-7b": ModelShape("llama-7b", 32, 4096, 32, 11008, 32000, swiglu=True),
-    "llama-13b": ModelShape("llama-13b", 40, 5120, 40, 13824, 32000, swiglu=True),
-    "llama-30b": ModelShape("llama-30b", 60, 6656, 52, 17920, 32000, swiglu=True),
-    "llama-65b": ModelShape("llama-65b", 80, 8192, 64, 22016, 32000, swiglu=True),
+def _llama(n_layer: int, n_embd: int, n_head: int, ffn: int) -> GPTConfig:
+    return GPTConfig(
+        arch="llama",
+        vocab_size=32000,
+        block_size=2048,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        intermediate_size=ffn,
+        layer_norm_eps=1e-6,
+    )
+
+
+# LLaMA (Touvron et al. 2023, Table 2; FFN sizes of the released checkpoints); vocab 32000,
+# context 2048, an untied head: models jaxhc trains (`jaxhc.model.gpt`, ``arch: llama``).
+LLAMA_CONFIGS = {
+    "llama-7b": _llama(32, 4096, 32, 11008),
+    "llama-13b": _llama(40, 5120, 40, 13824),
+    "llama-30b": _llama(60, 6656, 52, 17920),
+    "llama-65b": _llama(80, 8192, 64, 22016),
 }
+LLAMA = {name: from_gpt(name, cfg) for name, cfg in LLAMA_CONFIGS.items()}

@@ -36,7 +36,13 @@ from jaxhc.parallel.amsp import ShardPlan
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    """One collective of a step on one device: where, what, how many bytes (raw, ring)."""
+    """One collective of a step on one device: where, what, how many bytes (raw, ring).
+
+    >>> from jaxhc.model.config import MeshConfig
+    >>> jaxhc.plan.data_collectives(MeshConfig(data=4), 4096)[0]  # doctest: +NORMALIZE_WHITESPACE
+    Collective(axis='data', kind='grad', op='psum_scatter', ranks=4, group=4, bytes=3072.0,
+               message=1024, count=1)
+    """
 
     axis: str  # the data sub-axis
     kind: str  # "grad" or "param"
@@ -65,7 +71,12 @@ def data_collectives(mesh: MeshConfig, flat_bytes: int, segments=None) -> list[C
     vector has `flat_bytes` bytes, in the order the step runs them: with sharded parameters
     (s_p > 1) first the parameters' all-gathers over the parameter group (their reverse mode is
     the gradients' reduce-scatter over the same levels). Gathered per layer, `segments` gives
-    the flat layout's (shared segment bytes, a layer's segment bytes, local layers)."""
+    the flat layout's (shared segment bytes, a layer's segment bytes, local layers).
+
+    >>> from jaxhc.model.config import MeshConfig
+    >>> [(c.op, c.bytes) for c in jaxhc.plan.data_collectives(MeshConfig(data=4), 4096)]
+    [('psum_scatter', 3072.0), ('all_gather', 3072)]
+    """
     shard = ShardPlan.of(mesh)
     inner = dict.fromkeys(shard.axes, 1)
     n = 1

@@ -206,7 +206,7 @@ class Checkpoints:
             raise ValueError(
                 f"{self.directory} is not shared: {socket.gethostname()} does not see what "
                 "process 0 wrote there; checkpoints need a file system every process sees "
-                "(README: Checkpoints)"
+                "(docs/training.md: Checkpoints)"
             )
 
     def _write(self, tmp: str, canon: Canonical, blocks, scalars: dict) -> None:

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from jaxhc._checks import read_yaml, whole_number, yaml_value
-from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig
+from jaxhc.model.config import LLAMA_KEYS, GPTConfig, MeshConfig, OptimConfig
 from jaxhc.policy import Policy
 
 TRANSPORTS = ("xla", "mpi")
@@ -24,7 +24,9 @@ class TrainConfig:
     ``overlap``: reduce each layer's gradients in the backward as soon as they are produced,
     while the earlier layers' backward runs, where the step can (`jaxhc.parallel.step.overlaps`:
     unsharded parameters, one micro-batch, no error feedback, no fidelity sampling); the same
-    bits either way.
+    bits either way. On the MPI transport the backward only starts each layer's reduction on the
+    engine's progress thread (`jaxhc.collectives.started`), so its bytes move while the earlier
+    layers' backward computes; ``JAXHC_MPI_ASYNC=0`` keeps the calls on the calling thread.
     """
 
     steps: int = 300
@@ -88,7 +90,8 @@ DEFAULT_TRAIN = TrainConfig(steps=300, batch_size=32)
 class ExperimentConfig:
     """One training run. ``compression`` is a policy preset name or a policy YAML path;
     ``data`` the prepared dataset (None: the embedded corpus); ``init`` where a fresh run's
-    parameters come from (None: ``train.seed``; ``hf:PATH``: a local transformers GPT-2)."""
+    parameters come from (None: ``train.seed``; ``hf:PATH``: a local transformers GPT-2 or
+    LLaMA)."""
 
     name: str = "default"
     model: GPTConfig = DEFAULT_MODEL
@@ -150,7 +153,9 @@ def from_dict(data: dict[str, Any]) -> ExperimentConfig:
 
 def _check_init(init: str | None) -> str | None:
     if init is not None and not (init.startswith("hf:") and len(init) > 3):
-        raise ValueError(f"init={init!r} must be hf:PATH (a local transformers GPT-2 folder)")
+        raise ValueError(
+            f"init={init!r} must be hf:PATH (a local transformers GPT-2 or LLaMA folder)"
+        )
     return init
 
 
@@ -166,7 +171,16 @@ def _data_section(value: Any) -> DataConfig:
 
 # GPTConfig fields an `init: hf:PATH` checkpoint fixes (block_size may be smaller: the first
 # positions' embeddings are kept).
-INIT_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "layer_norm_eps")
+INIT_FIELDS = (
+    "arch",
+    "vocab_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "layer_norm_eps",
+    *LLAMA_KEYS,
+)
 
 
 def _follow_init(model: GPTConfig, given: set, init: str) -> GPTConfig:

@@ -4,6 +4,9 @@ A transport provides the few collectives jaxhc's algorithms are written in: all_
 rows, all_gather, ppermute, an all-ranks agreement on a flag, and the plain (raw) collectives used
 as fallbacks. `XlaTransport` (default) uses `jax.lax` inside `shard_map`; `MpiTransport` uses
 mpi4jax with one process per device (see `jaxhc.launch`).
+
+>>> jaxhc.transport.current().name                  # outside any `use`: XLA
+'xla'
 """
 
 from jaxhc.transport._base import Transport as Transport

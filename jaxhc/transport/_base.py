@@ -8,7 +8,15 @@ import jax
 
 
 class Transport(abc.ABC):
-    """Collectives over a named mesh axis, as the per-shard program sees them."""
+    """Collectives over a named mesh axis, as the per-shard program sees them.
+
+    jaxhc's algorithms are written against this interface; `XlaTransport` and `MpiTransport`
+    implement it.
+
+    >>> from jaxhc.transport import MpiTransport, Transport, XlaTransport
+    >>> issubclass(XlaTransport, Transport), issubclass(MpiTransport, Transport)
+    (True, True)
+    """
 
     name: str
 
@@ -56,6 +64,22 @@ class Transport(abc.ABC):
 
     def fused_all_gather(self, x: jax.Array, axis_name, codec):
         """((P, *x.shape) every rank's decoded x, wire bytes, fell back)."""
+        raise NotImplementedError
+
+    # Started collectives: the fused ones begun in one place and finished in another, the bytes
+    # moving in between while the program computes (the MPI transport's progress threads).
+    def can_start(self, codec, dtype, axis_name) -> bool:
+        """Whether `start` / `done` take this call (over more than one rank) and overlap it
+        with what runs in between."""
+        return False
+
+    def start(self, op: str, x: jax.Array, axis_name, codec) -> jax.Array:
+        """Start the fused `op` ("psum", "psum_scatter" of rows laid end to end, "all_gather")
+        of the 1-D `x`: a handle for `done`."""
+        raise NotImplementedError
+
+    def done(self, handle: jax.Array, size: int, dtype):
+        """(the started call's `size` values, wire bytes, fell back), once it has finished."""
         raise NotImplementedError
 
     # Raw collectives with `jax.lax` semantics: the fallback path and the codec=None path.

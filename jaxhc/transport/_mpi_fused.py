@@ -42,74 +42,104 @@ def supports(codec: Codec | None, dtype) -> bool:
     return codec is None or codec.native_call(dtype) is not None
 
 
-@functools.cache
-def _primitives():
-    """(psum, psum_scatter, all_gather) primitives, built on first use (mpi4jax imported then)."""
+def _primitive(name, abstract, attrs):
+    """An MPI primitive of mpi4jax's ordered effect lowered to the FFI target `name`:
+    ``abstract(x, **params)`` gives its output avals, ``attrs(**params)`` the target's
+    attributes."""
     from jax.extend.core import Primitive
     from mpi4jax._src.jax_compat import abstract_token, get_token_effect, set_token_effect
     from mpi4jax._src.utils import ordered_effect
 
-    def make(name, target, out_size):
-        prim = Primitive(name)
-        prim.multiple_results = True
+    prim = Primitive(name)
+    prim.multiple_results = True
 
-        def abstract(x, *, comm, parts, codec, maxbits, dim, budget, segment_bytes):
-            y = jax.core.ShapedArray((out_size(x.shape[0], parts),), x.dtype)
-            stats = jax.core.ShapedArray((3,), jnp.int32)
-            return (y, stats), {ordered_effect}
+    def lowering(ctx, x, **params):
+        token = get_token_effect(ctx, ordered_effect)
+        ctx_t = ctx.replace(
+            avals_in=(*ctx.avals_in, abstract_token), avals_out=(*ctx.avals_out, abstract_token)
+        )
+        rule = jax.ffi.ffi_lowering(name, has_side_effect=True)
+        *results, token = rule(ctx_t, x, token, **attrs(**params))
+        set_token_effect(ctx, ordered_effect, token)
+        return results
 
-        def lowering(ctx, x, *, comm, parts, codec, maxbits, dim, budget, segment_bytes):
-            token = get_token_effect(ctx, ordered_effect)
-            ctx_t = ctx.replace(
-                avals_in=(*ctx.avals_in, abstract_token),
-                avals_out=(*ctx.avals_out, abstract_token),
-            )
-            rule = jax.ffi.ffi_lowering(target, has_side_effect=True)
-            *results, token = rule(
-                ctx_t,
-                x,
-                token,
-                comm=np.int64(comm),
-                codec=np.int64(codec),
-                maxbits=np.int64(maxbits),
-                dim=np.int64(dim),
-                budget=np.float64(budget),
-                segment_bytes=np.int64(segment_bytes),
-            )
-            set_token_effect(ctx, ordered_effect, token)
-            return results
+    prim.def_effectful_abstract_eval(lambda x, **p: (abstract(x, **p), {ordered_effect}))
+    prim.def_impl(functools.partial(jax._src.dispatch.apply_primitive, prim))
+    mlir.register_lowering(prim, lowering, platform="cpu")
+    return prim
 
-        prim.def_effectful_abstract_eval(abstract)
-        prim.def_impl(functools.partial(jax._src.dispatch.apply_primitive, prim))
-        mlir.register_lowering(prim, lowering, platform="cpu")
-        return prim
 
+def _codec_attrs(comm, codec, maxbits, dim, budget, segment_bytes, **_):
+    return {
+        "comm": np.int64(comm),
+        "codec": np.int64(codec),
+        "maxbits": np.int64(maxbits),
+        "dim": np.int64(dim),
+        "budget": np.float64(budget),
+        "segment_bytes": np.int64(segment_bytes),
+    }
+
+
+_OUT_SIZE = (lambda n, p: n, lambda n, p: n // p, lambda n, p: n * p)  # psum, scatter, gather
+_STATS = jax.core.ShapedArray((3,), jnp.int32)
+_HANDLE = jax.core.ShapedArray((1,), jnp.float32)
+
+
+@functools.cache
+def _primitives():
+    """(psum, psum_scatter, all_gather, start, done) primitives, built on first use (mpi4jax
+    imported then)."""
+
+    def sync(name, which):
+        def abstract(x, *, parts, **_):
+            return jax.core.ShapedArray((_OUT_SIZE[which](x.shape[0], parts),), x.dtype), _STATS
+
+        return _primitive(name, abstract, _codec_attrs)
+
+    start = _primitive(
+        "jaxhc_mpi_start",
+        lambda x, **_: (_HANDLE,),
+        lambda op, **p: {**_codec_attrs(**p), "op": np.int64(op)},
+    )
+    done = _primitive(
+        "jaxhc_mpi_done",
+        lambda h, *, size, dtype: (jax.core.ShapedArray((size,), dtype), _STATS),
+        lambda **_: {},
+    )
     return (
-        make("jaxhc_mpi_psum", "jaxhc_mpi_psum", lambda n, p: n),
-        make("jaxhc_mpi_psum_scatter", "jaxhc_mpi_psum_scatter", lambda n, p: n // p),
-        make("jaxhc_mpi_all_gather", "jaxhc_mpi_all_gather", lambda n, p: n * p),
+        sync("jaxhc_mpi_psum", 0),
+        sync("jaxhc_mpi_psum_scatter", 1),
+        sync("jaxhc_mpi_all_gather", 2),
+        start,
+        done,
     )
 
 
-def _bind(which: int, flat, comm, codec: Codec | None):
+def _params(flat, comm, codec: Codec | None) -> dict:
     from mpi4jax._src.utils import to_mpi_handle
 
     kind, maxbits, dim, budget = _PLAIN, 0, 1, 0.0
     if codec is not None:
         family, maxbits, dim, budget = codec.native_call(flat.dtype)
         kind = _FAMILY[family]
-    y, stats = _primitives()[which].bind(
-        flat,
-        comm=int(to_mpi_handle(comm)),
-        parts=comm.Get_size(),
-        codec=kind,
-        maxbits=maxbits,
-        dim=dim,
-        budget=float(budget),
-        segment_bytes=SEGMENT_BYTES if codec is not None else PLAIN_SEGMENT_BYTES,
-    )
+    return {
+        "comm": int(to_mpi_handle(comm)),
+        "parts": comm.Get_size(),
+        "codec": kind,
+        "maxbits": maxbits,
+        "dim": dim,
+        "budget": float(budget),
+        "segment_bytes": SEGMENT_BYTES if codec is not None else PLAIN_SEGMENT_BYTES,
+    }
+
+
+def _traffic(y, stats):
     wire = stats[0].astype(jnp.float32) + stats[1].astype(jnp.float32) * 2.0**31
     return y, wire, stats[2] > 0
+
+
+def _bind(which: int, flat, comm, codec: Codec | None):
+    return _traffic(*_primitives()[which].bind(flat, **_params(flat, comm, codec)))
 
 
 def psum(flat, comm, codec: Codec | None):
@@ -125,3 +155,29 @@ def psum_scatter(rows_flat, comm, codec: Codec | None):
 def all_gather(flat, comm, codec: Codec | None):
     """Every rank's 1-D `flat`, laid end to end in rank order."""
     return _bind(2, flat, comm, codec)
+
+
+def async_ready() -> bool:
+    """Whether `start` hands calls to the engine's progress threads (MPI initialised with
+    MPI_THREAD_MULTIPLE, and JAXHC_MPI_ASYNC is not "0"); otherwise a started call runs in its
+    start and nothing overlaps."""
+    return available() and _native.mpi.async_ready()
+
+
+OPS = {"psum": 0, "psum_scatter": 1, "all_gather": 2}
+
+
+def start(op: str, flat, comm, codec: Codec | None) -> jax.Array:
+    """Start `op` ("psum", "psum_scatter" or "all_gather", as the functions above) of the 1-D
+    `flat` on `comm`, which nothing else may use until it is done (the MPI transport's async
+    communicators): the handle (float32 [1]) that `done` takes. The call runs on `comm`'s
+    progress thread, in the order of its starts, while the program goes on."""
+    params = _params(flat, comm, codec)
+    params.pop("parts")
+    return _primitives()[3].bind(flat, op=OPS[op], **params)[0]
+
+
+def done(handle, size: int, dtype):
+    """(the values, wire bytes sent, fell back) of the started call `handle` (`size` values of
+    `dtype`, as the synchronous call gives them), once it has finished."""
+    return _traffic(*_primitives()[4].bind(handle, size=int(size), dtype=jnp.dtype(dtype)))

@@ -53,9 +53,10 @@ class ProcessGrid:
     Communicators for every ordered tuple of distinct axes are split from `comm` up front (a
     collective call on all ranks), so that tracing never needs a collective MPI call.
 
-    >>> grid = ProcessGrid({"data": 2, "tensor": 2})   # doctest: +SKIP  (under mpirun -np 4)
-    >>> grid.coords                                     # doctest: +SKIP
-    {'data': 1, 'tensor': 0}                            # on rank 2
+    >>> from jaxhc.transport import ProcessGrid
+    >>> ProcessGrid({"data": 1}).coords        # one process; under mpirun -np 4, {"data": 2,
+    {'data': 0}
+    >>> # "tensor": 2} gives rank 2 the coordinates {'data': 1, 'tensor': 0}
     """
 
     def __init__(self, mesh_shape: Mapping[str, int], comm=None):
@@ -82,12 +83,15 @@ class ProcessGrid:
         )
         # Python-level checks (shape agreement, fetch) use their own communicator, never mpi4jax's.
         self.control = self.world.Dup()
-        self._comms = {}
+        self._comms, self._async = {}, {}
         for k in range(1, len(self.axis_names) + 1):
             for axes in itertools.permutations(self.axis_names, k):
                 others = [a for a in self.axis_names if a not in axes]
                 color = self._linear(others)
                 self._comms[axes] = self.world.Split(color, self._linear(axes))
+                # The started calls' own: the progress thread's messages and agreements then
+                # never meet the calling thread's on the same communicator.
+                self._async[axes] = self._comms[axes].Dup()
 
     @property
     def mesh_shape(self) -> dict[str, int]:
@@ -117,6 +121,11 @@ class ProcessGrid:
     def comm(self, axis_name):
         return self._comms[self.axes(axis_name)]
 
+    def async_comm(self, axis_name):
+        """The communicator of `axis_name`'s started calls (`MpiTransport.start`), a duplicate
+        of `comm`'s that nothing else uses."""
+        return self._async[self.axes(axis_name)]
+
     def _linear(self, axes) -> int:
         idx = 0
         for a in axes:
@@ -125,10 +134,11 @@ class ProcessGrid:
 
     def free(self) -> None:
         """Release the communicators (collective; optional, MPI_Finalize releases them too)."""
-        for c in self._comms.values():
+        for c in (*self._comms.values(), *self._async.values()):
             c.Free()
         self.control.Free()
         self._comms.clear()
+        self._async.clear()
 
 
 class MpiTransport(Transport):
@@ -139,6 +149,11 @@ class MpiTransport(Transport):
     bitwise the result of XLA:CPU's all-reduce (bfloat16 adds in float32, as XLA:CPU does).
     ``psum="allreduce"`` calls `MPI_Allreduce`; Open MPI then picks the summation order by message
     size and process count, so float results can differ from XLA's in the last bits.
+
+    >>> from jaxhc.transport import MpiTransport, ProcessGrid
+    >>> mpi = MpiTransport(ProcessGrid({"data": 1}))   # one process: a mesh of one rank
+    >>> mpi.name, mpi.axis_size("data")
+    ('mpi', 1)
     """
 
     name = "mpi"
@@ -190,6 +205,15 @@ class MpiTransport(Transport):
     def fused_all_gather(self, x, axis_name, codec):
         y, wire, fell = _mpi_fused.all_gather(x.reshape(-1), self.grid.comm(axis_name), codec)
         return y.reshape((self.axis_size(axis_name),) + x.shape), wire, fell
+
+    def can_start(self, codec, dtype, axis_name) -> bool:
+        return self.fused(codec, dtype, axis_name) and _mpi_fused.async_ready()
+
+    def start(self, op, x, axis_name, codec):
+        return _mpi_fused.start(op, x.reshape(-1), self.grid.async_comm(axis_name), codec)
+
+    def done(self, handle, size, dtype):
+        return _mpi_fused.done(handle, size, dtype)
 
     def ppermute(self, x, axis_name, perm):
         axes = self.grid.mesh_order(axis_name)  # as jax.lax.ppermute numbers a tuple of axes

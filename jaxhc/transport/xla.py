@@ -16,6 +16,13 @@ _ALL_GATHER_HAS_TO = "to" in inspect.signature(lax.all_gather).parameters
 
 
 class XlaTransport(Transport):
+    """`jax.lax` collectives inside `shard_map`: the default transport.
+
+    >>> from jaxhc.transport import XlaTransport
+    >>> XlaTransport().name
+    'xla'
+    """
+
     name = "xla"
 
     def axis_size(self, axis_name) -> int:

@@ -65,7 +65,7 @@ def add_parsers(sub) -> None:
         "--max-tokens", type=int, default=1 << 20, help="tokens to predict at most (default 2^20)"
     )
 
-    x = sub.add_parser("export", help="write a run's model as a transformers GPT-2 folder")
+    x = sub.add_parser("export", help="write a run's model as a transformers GPT-2 or LLaMA folder")
     _run_args(x)
     x.add_argument("--hf", required=True, help="the folder to write (new or empty)")
 

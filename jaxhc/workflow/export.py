@@ -1,6 +1,7 @@
-"""`jaxhc export`: a run's checkpoint as a transformers GPT-2 folder, tokenizer alongside.
+"""`jaxhc export`: a run's checkpoint as a transformers GPT-2 or LLaMA folder, with its tokenizer.
 
-The folder loads with ``GPT2LMHeadModel.from_pretrained`` (and ``FlaxGPT2LMHeadModel``) and its
+The folder loads with ``GPT2LMHeadModel.from_pretrained`` (and ``FlaxGPT2LMHeadModel``; a LLaMA
+run's with ``LlamaForCausalLM`` and ``FlaxLlamaForCausalLM``) and its
 tokenizer with ``AutoTokenizer.from_pretrained`` (a `PreTrainedTokenizerFast` over the run's
 tokenizer.json; the bytes tokenizer too, mapping text to the same byte ids).
 """

@@ -1,0 +1,126 @@
+"""Collectives started in one place and finished in another, the bytes moving in between.
+
+``psum_scatter_start`` (or ``psum_start``) hands the call to the transport and returns a
+`Started` at once; ``psum_scatter_done`` (``psum_done``) gives its result, the values the
+synchronous `jaxhc.psum_scatter` (`jaxhc.psum`) of the same input gives, bit for bit, and records
+it in the ledger as that call does. On the MPI transport the call runs on the engine's progress
+thread for its communicator meanwhile (ffi/mpi/queue.h), so what the program computes between
+the two overlaps the communication; `can_start` says whether the transport takes the call (the
+XLA transport never does: its collectives are XLA's, scheduled by XLA).
+
+A `Started` is a pytree whose one leaf is its handle (float32 [1]): it can leave a `lax.scan` as
+an output or a custom_vjp backward as a cotangent; `Started.like` puts a handle back into the
+description of a started call. The calls run in the order they were started, on every rank.
+
+>>> s = started.psum_scatter_start(g, "data", kind="grad")  # doctest: +SKIP
+>>> ...  # compute that does not need the reduced gradients
+>>> mine = started.psum_scatter_done(s)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import jax
+import jax.numpy as jnp
+
+from jaxhc.codecs import Codec, CodecLike
+from jaxhc.collectives import _common as c
+from jaxhc.collectives import volume
+from jaxhc.transport import current as transport
+
+__all__ = [
+    "Started",
+    "can_start",
+    "psum_done",
+    "psum_scatter_done",
+    "psum_scatter_start",
+    "psum_start",
+]
+
+
+def _static(default):
+    return field(default=default, metadata={"static": True})
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Started:
+    """A started call: its handle and (static) what `done` needs to finish it."""
+
+    handle: jax.Array
+    op: str = _static("psum")
+    axis_name: object = _static(None)
+    kind: str | None = _static(None)
+    codec: Codec | None = _static(None)
+    shape: tuple = _static(())
+    dtype: object = _static(jnp.float32)
+    raw: float = _static(0.0)
+    wire: float | None = _static(None)
+
+    def like(self, handle: jax.Array) -> Started:
+        """The same call's description with `handle` (one of its kind, e.g. a scan's slice)."""
+        return replace(self, handle=handle)
+
+
+def can_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None) -> bool:
+    """Whether `psum_start` / `psum_scatter_start` of `x` (an array or its shape and dtype)
+    overlap with what follows them on the current transport (codec chosen as the synchronous
+    call chooses it)."""
+    chosen = c.resolve(x, axis_name, codec, policy, kind)
+    return transport().can_start(chosen, x.dtype, axis_name)
+
+
+def _start(op, x, axis_name, codec, policy, kind, raw, wire=None):
+    if not can_start(x, axis_name, codec=codec, policy=policy, kind=kind):
+        raise ValueError(
+            f"jaxhc {op} of {x.shape} {x.dtype} over {axis_name!r} cannot be started on the "
+            f"{transport().name} transport (check can_start first)"
+        )
+    chosen = c.resolve(x, axis_name, codec, policy, kind)
+    parts = transport().axis_size(axis_name)
+    handle = transport().start(op, x.reshape(-1), axis_name, chosen)
+    shape = (x.shape[0] // parts, *x.shape[1:]) if op == "psum_scatter" else x.shape
+    return Started(handle, op, axis_name, kind, chosen, shape, jnp.dtype(x.dtype), raw, wire)
+
+
+def _done(s: Started) -> jax.Array:
+    size = 1
+    for d in s.shape:
+        size *= d
+    out, wire, fell = transport().done(s.handle, size, s.dtype)
+    out = out.reshape(s.shape)
+    if s.codec is None:  # a plain call is recorded with the bytes the plain collective counts
+        wire, fell = s.raw if s.wire is None else s.wire, False
+    return c.record(s.axis_name, s.kind, s.raw, wire, fell, anchor=out)
+
+
+def psum_scatter_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None):
+    """Start ``jaxhc.psum_scatter(x, axis_name, tiled=True, ...)`` (scatter dimension 0)."""
+    x = c.as_array(x)
+    parts = transport().axis_size(axis_name)
+    if x.ndim == 0 or x.shape[0] % parts:
+        raise ValueError(
+            f"psum_scatter_start: dimension 0 of {x.shape} must be a multiple of the axis size "
+            f"{parts} of {axis_name!r}"
+        )
+    raw = volume.ring("psum_scatter", parts, c.nbytes(x))[1]
+    return _start("psum_scatter", x, axis_name, codec, policy, kind, raw)
+
+
+def psum_scatter_done(started: Started) -> jax.Array:
+    """This rank's reduced slice of the started `psum_scatter_start`."""
+    return _done(started)
+
+
+def psum_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None):
+    """Start ``jaxhc.psum(x, axis_name, ...)`` of one array."""
+    x = c.as_array(x)
+    parts = transport().axis_size(axis_name)
+    ring = volume.ring("psum", parts, c.nbytes(x))[1]
+    return _start("psum", x, axis_name, codec, policy, kind, ring, ring)
+
+
+def psum_done(started: Started) -> jax.Array:
+    """The sum of the started `psum_start`, on every rank."""
+    return _done(started)
