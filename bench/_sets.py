@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["gpt_sets"]
+__all__ = ["gpt_sets", "reference_sets"]
 
 
 def gpt_sets(quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
@@ -37,4 +37,15 @@ def gpt_sets(quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
         "gpt weights": leaves(params),
         "gpt gradients": leaves(grads),
         "gpt activations": list(np.asarray(acts, np.float32)),
+    }
+
+
+def reference_sets(n: int = 1 << 20, seed: int = 0) -> dict[str, list[np.ndarray]]:
+    """i.i.d. samples of a Gaussian and of heavier tails (Laplace, Student's t with 4 degrees of
+    freedom): where a block quantizer's error stands against the tails of its data."""
+    rng = np.random.default_rng(seed)
+    return {
+        "gaussian": [rng.standard_normal(n, dtype=np.float32)],
+        "laplace": [rng.laplace(size=n).astype(np.float32)],
+        "student t4": [rng.standard_t(4, n).astype(np.float32)],
     }

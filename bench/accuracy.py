@@ -4,17 +4,21 @@ codec, with the one-thread encode/decode speed of the block quantizers (plain an
 
     .venv/bin/python bench/accuracy.py --quick     # seconds: bench/results/accuracy_quick.json
     .venv/bin/python bench/accuracy.py             # the full sets and 16M values for the speed
+    .venv/bin/python bench/accuracy.py --speed-only --out bench/results/quant_speed.json
 
 `make bench` runs it as part of bench/codecs.py (the "accuracy" table of codecs.json).
 
 Data: `_sets.gpt_sets` (weights at init, gradients of one corpus batch, residual stream per
 block), each set in float32 and in bfloat16. Every array goes through the codec (or the cast) on
-its own, as a collective would send it. bits/value = payload bits over values of the whole set
+its own, as a collective would send it. Beside them, the 4-bit codecs on i.i.d. references
+(`_sets.reference_sets`: Gaussian, Laplace, Student's t4; float32): the rotated codecs' error is
+that of the Lloyd-Max levels whatever the tails, plain q4's grows with them, so the ratio of the
+two says how heavy-tailed a set's blocks are. bits/value = payload bits over values of the whole set
 (ZFP: its rate, block padding included; q8/q4: codes + float32 scales + 8-byte padding; casts:
 the type's width). rel L2 = ||x - decoded|| / ||x|| over the set, max err = max |x - decoded|,
-max/absmax = max err / max |x| (float64 arithmetic on the values as given). Speed: q8/q4, q8:h/q4:h
-and zfp:8:d3 encode and decode of --n values (a random walk) in a child pinned to one CPU with
-JAXHC_THREADS=1, GB/s of input (best of --repeats).
+max/absmax = max err / max |x| (float64 arithmetic on the values as given). Speed: q8/q4,
+q8:h/q4:h, q4:b1024:h and zfp:8:d3 encode and decode of --n values (a random walk) in a child
+pinned to one CPU with JAXHC_THREADS=1, GB/s of input (best of --repeats).
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _common import fmt, gbps, markdown_table, print_table, time_codec, write_json
-from _sets import gpt_sets
+from _sets import gpt_sets, reference_sets
 
 from jaxhc.codecs import Codec, parse
 
-__all__ = ["CODECS", "accuracy", "one_thread_speed", "run", "speed"]
+__all__ = ["CODECS", "Q4_CODECS", "accuracy", "one_thread_speed", "run", "speed"]
 
 CODECS = (
     "zfp:4",
@@ -48,14 +52,17 @@ CODECS = (
     "q4",
     "q8:b64",
     "q8:h",
+    "q4:b64",
+    "q4:b64:h",
     "q4:h",
     "q4:b1024",
     "q4:b1024:h",
     "bf16 cast",
     "fp16 cast",
 )
+Q4_CODECS = ("q4:b64", "q4:b64:h", "q4", "q4:h", "q4:b1024", "q4:b1024:h")
 DTYPES = ("float32", "bfloat16")
-SPEED_CODECS = ("q8", "q4", "q8:h", "q4:h", "zfp:8:d3")
+SPEED_CODECS = ("q8", "q4", "q8:h", "q4:h", "q4:b1024:h", "zfp:8:d3")
 CASTS = {"bf16 cast": jnp.bfloat16, "fp16 cast": jnp.float16}
 
 
@@ -166,7 +173,8 @@ NOTES = [
     "64 consecutive values (the array laid out as (n/4, 4) / (n/16, 4, 4)). q8:h / q4:h: each "
     "block of 256 values turned by a fixed randomized Hadamard transform, then coded with the "
     "256 / 16 Lloyd-Max levels of a Gaussian scaled by the block's RMS (the last block of each "
-    "array padded to 256 codes); q4:b1024 / q4:b1024:h: blocks of 1024.",
+    "array padded to 256 codes); q4:b64 / q4:b1024 (:h): blocks of 64 / 1024. gaussian, "
+    "laplace, student t4: 2^20 i.i.d. values of each (float32), 4-bit codecs only.",
     "GB/s: 1e9 bytes of input per second, one CPU, JAXHC_THREADS=1, random walk data.",
 ]
 
@@ -174,6 +182,7 @@ NOTES = [
 def run(quick: bool, n: int, repeats: int, dtypes=DTYPES) -> dict:
     """The accuracy records, the speed records and the table (printed and as markdown)."""
     records = accuracy(gpt_sets(quick), dtypes)
+    records += accuracy(reference_sets(), ("float32",), Q4_CODECS)
     speeds = one_thread_speed(n, repeats, dtypes)
     rows = table(records, speeds)
     title = "codec accuracy on jaxhc's GPT tensors (q8/q4, q8:h/q4:h, zfp:8:d3 speed: one thread)"
@@ -189,6 +198,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
     ap.add_argument("--quick", action="store_true", help="a smaller GPT, 1M values, 2 repeats")
+    ap.add_argument("--speed-only", action="store_true", help="the one-thread speed rows alone")
     ap.add_argument("--out", help="JSON path (default bench/results/accuracy[_quick].json)")
     ap.add_argument("--speed-child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -197,6 +207,14 @@ def main(argv=None) -> None:
     if args.speed_child:
         with open(args.speed_child, "w") as f:
             json.dump(speed(args.n, args.repeats, args.dtypes), f)
+        return
+    if args.speed_only:
+        speeds = one_thread_speed(args.n, args.repeats, args.dtypes)
+        for s in speeds:
+            enc, dec = (gbps(s["bytes"], s["one_thread"][op]["s"]) for op in ("encode", "decode"))
+            print(f"{s['codec']:10s} {s['dtype']:9s} encode {enc:.2f} GB/s, decode {dec:.2f}")
+        out = args.out or "bench/results/quant_speed.json"
+        write_json(out, {"n": args.n, "repeats": args.repeats, "speed": speeds})
         return
     result = run(args.quick, args.n, args.repeats, args.dtypes)
     out = args.out or f"bench/results/accuracy{'_quick' if args.quick else ''}.json"

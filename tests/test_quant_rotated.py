@@ -252,6 +252,9 @@ def test_policy_takes_rotate_entries_and_the_q4_ef_preset():
     assert q.codec_for("data", "grad") == Quant(4, rotate=True) and q.error_feedback("data")
     assert q.codec_for("data", "param") == Quant(8)
     assert q.codec_for("tensor").lossless  # MPC
+    q4 = Policy.preset("q4_ef4")
+    assert q4.codec_for("data", "grad") == Quant(4, 1024, rotate=True) and q4.error_feedback("data")
+    assert q4.codec_for("data", "param") == Quant(4, 1024, rotate=True)
 
 
 def test_the_preset_in_the_docs_is_the_shipped_one():

@@ -33,8 +33,14 @@
 #include "core/quant.h"
 #include "core/quant_levels.h"
 
-#if defined(__CUDA_ARCH__)
+// Loops over the rows of a block, unrolled: constant trip counts, so the rows stay in registers.
+// (eight at a time on the host: the portable kernel's rows are single values).
+#if defined(__CUDACC__)
 #define JAXHC_ROT_UNROLL _Pragma("unroll")
+#elif defined(__clang__)
+#define JAXHC_ROT_UNROLL _Pragma("unroll 8")
+#elif defined(__GNUC__)
+#define JAXHC_ROT_UNROLL _Pragma("GCC unroll 8")
 #else
 #define JAXHC_ROT_UNROLL
 #endif
@@ -190,13 +196,18 @@ JAXHC_HD void fwht(typename Tm::V* v) {
     JAXHC_ROT_UNROLL
     for (int k = 0; k < G; ++k) v[g + k] = a[k];
   }
+  JAXHC_ROT_UNROLL
   for (int h = G; h < R; h *= G) {
     const int count = R / h < G ? R / h : G;  // rows r, r + h, ... of one butterfly set
+    JAXHC_ROT_UNROLL
     for (int r0 = 0; r0 < R; r0 += h * count)
+      JAXHC_ROT_UNROLL
       for (int off = 0; off < h; ++off) {
         V a[G];
+        JAXHC_ROT_UNROLL
         for (int k = 0; k < count; ++k) a[k] = v[r0 + off + k * h];
         row_stages<Tm>(a, count);
+        JAXHC_ROT_UNROLL
         for (int k = 0; k < count; ++k) v[r0 + off + k * h] = a[k];
       }
   }

@@ -342,6 +342,15 @@ void decode_sum_rows_t(const uint8_t* payload, int parts, uint64_t rows, const R
   for_blocks(rows, r, [&](uint64_t row, uint64_t kb) {
     alignas(32) float acc[B];
     const uint64_t m = r.size(kb);
+    if constexpr (std::is_same_v<T, float>) {
+      if (parts == 1) {  // a plain decode: straight into the output
+        const uint8_t* p = payload + row * r.bytes;
+        const float s = reinterpret_cast<const float*>(p)[kb];
+        K::template decode<T, B, bits>(r.codes(p) + r.code_offset(kb), s, m, x + row * r.n + kb * B,
+                                       false);
+        return;
+      }
+    }
     for (int part = 0; part < parts; part++) {
       const uint8_t* p = payload + (row * parts + part) * r.bytes;
       const float s = reinterpret_cast<const float*>(p)[kb];
