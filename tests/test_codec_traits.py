@@ -10,7 +10,6 @@ import pytest
 from jaxhc import policy
 from jaxhc.codecs import Identity, Mpc, NativeCall, Quant, Zfp, parse
 from jaxhc.collectives import _buckets
-from jaxhc.collectives._common import may_fail
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CODEC_CLASSES = ("Identity", "Mpc", "Quant", "Zfp", "FixedSizeCodec")
@@ -49,10 +48,10 @@ def test_block_values_align_buckets(spec, values):
 
 
 def test_only_budgeted_or_lossy_codecs_need_an_agreement_round():
-    assert not may_fail(Identity())
-    assert not may_fail(Mpc())
-    assert may_fail(Mpc(budget=0.8))
-    assert may_fail(Zfp(rate=8)) and may_fail(Quant(bits=4))
+    assert not Identity().may_fail
+    assert not Mpc().may_fail
+    assert Mpc(budget=0.8).may_fail
+    assert Zfp(rate=8).may_fail and Quant(bits=4).may_fail
 
 
 def test_native_calls_are_the_engines_parameters():

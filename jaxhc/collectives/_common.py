@@ -14,8 +14,6 @@ from jaxhc.codecs import Codec, CodecLike, parse
 from jaxhc.collectives import volume
 from jaxhc.transport import current as transport
 
-ROW_MULTIPLE = volume.ROW_MULTIPLE
-
 
 def resolve(x, axis_name, codec: CodecLike, policy, kind) -> Codec | None:
     """The codec this call compresses with, or None for the plain collective.
@@ -103,11 +101,6 @@ def differentiable(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def may_fail(codec: Codec) -> bool:
-    """Whether `codec.encode` can report not-ok (then the call needs an agreement round)."""
-    return codec.may_fail
-
-
 def encode_rows(codec: Codec, rows: jax.Array):
     """Encode each row of `rows` (P, m) separately: payloads (P, B) and one `ok` for all rows."""
     enc = jax.vmap(codec.encode)(rows)
@@ -131,14 +124,14 @@ def to_rows(x: jax.Array, parts: int) -> tuple[jax.Array, int]:
 
 
 def pad_rows(rows: jax.Array) -> tuple[jax.Array, int]:
-    """Zero-pad the rows of a (P, k) array to a multiple of ROW_MULTIPLE: (rows (P, m), m)."""
-    m = -(-rows.shape[1] // ROW_MULTIPLE) * ROW_MULTIPLE
+    """Zero-pad the rows of a (P, k) array to a multiple of `volume.ROW_MULTIPLE`: (rows, m)."""
+    m = -(-rows.shape[1] // volume.ROW_MULTIPLE) * volume.ROW_MULTIPLE
     return jnp.pad(rows, ((0, 0), (0, m - rows.shape[1]))), m
 
 
 def guarded(ok, axis_name, codec: Codec, compressed, raw):
     """Run `compressed()` if every rank's `ok` holds, else `raw()` on every rank (agreed first)."""
-    if not may_fail(codec):
+    if not codec.may_fail:
         return compressed()
     agreed = transport().all_agree(ok, axis_name)
     return lax.cond(agreed, compressed, raw)
@@ -160,6 +153,3 @@ def record(axis_name, kind, raw: float, wire: float, fallback: bool = False, anc
 
 def nbytes(x) -> int:
     return int(math.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
-
-
-agreement_bytes = volume.agreement

@@ -16,6 +16,7 @@ from jaxhc._compat import axis_tuple, make_varying
 from jaxhc.codecs import Codec
 from jaxhc.collectives import _common as c
 from jaxhc.collectives import _feedback as ef
+from jaxhc.collectives import volume
 from jaxhc.transport import current as transport
 
 
@@ -70,7 +71,7 @@ def _gather_run(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
         rows, wire, fell = t.fused_all_gather(x, axis_name, codec)
         return c.record(axis_name, kind, raw, wire, fell, anchor=arrange(rows))
     payload, ok = c.encode_one(codec, x)
-    agree = c.agreement_bytes(codec, parts)
+    agree = volume.agreement(codec, parts)
 
     def compressed():
         got = t.all_gather_rows(payload, axis_name)
@@ -109,7 +110,7 @@ def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=No
     t = transport()
     parts = t.axis_size(axis_name)
     raw = (parts - 1) / parts * c.nbytes(x)
-    agree = c.agreement_bytes(codec, parts)
+    agree = volume.agreement(codec, parts)
     moved = jnp.moveaxis(send, dim, 0)
     chunk_shape = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
     size = moved.size // parts

@@ -9,6 +9,7 @@ from jax import lax
 from jaxhc._checks import split_dim
 from jaxhc.codecs import Codec, CodecLike
 from jaxhc.collectives import _common as c
+from jaxhc.collectives import volume
 from jaxhc.transport import current as transport
 
 
@@ -94,7 +95,7 @@ def _compressed(x, axis_name, split_axis, concat_axis, tiled, codec: Codec | Non
     t = transport()
     parts = t.axis_size(axis_name)
     raw = (parts - 1) / parts * c.nbytes(x)
-    agree = c.agreement_bytes(codec, parts)
+    agree = volume.agreement(codec, parts)
     moved = jnp.moveaxis(x, split_axis, 0)
     # chunk j (what rank j receives): the slice j along split_axis, in x's axis order.
     if tiled:

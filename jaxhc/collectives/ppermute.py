@@ -9,6 +9,7 @@ from jax import lax
 from jaxhc._compat import like
 from jaxhc.codecs import Codec, CodecLike
 from jaxhc.collectives import _common as c
+from jaxhc.collectives import volume
 from jaxhc.transport import current as transport
 
 
@@ -85,10 +86,10 @@ def _compressed(x, axis_name, perm, codec: Codec | None, kind, nbytes=None, sent
     share = len(perm) / parts  # average fraction of ranks that send
     raw = share * (c.nbytes(x) if nbytes is None else nbytes)
     payload, ok = c.encode_one(codec, x)
-    agree = c.agreement_bytes(codec, parts)
+    agree = volume.agreement(codec, parts)
     receivers = sorted(d for _, d in perm)
     senders = sorted(s for s, _ in perm)
-    if len(senders) < parts and c.may_fail(codec):
+    if len(senders) < parts and codec.may_fail:
         # Only what is sent must fit the codec: a rank that sends nothing (a pipeline bubble)
         # votes yes whatever it holds, so its garbage cannot force the raw path on the others.
         sends = jnp.isin(t.ppermute_index(axis_name), jnp.asarray(senders))

@@ -150,7 +150,7 @@ def _run(x, axis_name, codec: Codec | None, kind, residual=None, nbytes=None):
     if not feedback and t.fused(codec, dtype, axis_name):
         out, wire, fell = t.fused_psum(x, axis_name, codec)
         return c.record(axis_name, kind, raw, wire, fell, anchor=out)
-    agree = c.agreement_bytes(codec, parts)
+    agree = volume.agreement(codec, parts)
     rows, m = c.to_rows(send, parts)
     payloads, ok = c.encode_rows(codec, rows)
     sent = (parts - 1) * payloads.shape[1] + agree
