@@ -264,6 +264,9 @@ NB_MODULE(_jaxhc_mpi, m) {
   m.def("async_ready", &jaxhc::mpi::async_ready,
         "Whether jaxhc_mpi_start runs calls on progress threads (MPI_THREAD_MULTIPLE, and "
         "JAXHC_MPI_ASYNC is not 0); otherwise it runs them itself.");
+  m.def("outstanding", &jaxhc::mpi::outstanding,
+        "How many started calls are not yet done (0 after every step: each start has its "
+        "done).");
   m.def("library_version", []() {
     char v[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;

@@ -178,6 +178,12 @@ int32_t start(MPI_Comm comm, const void* x, size_t in_bytes, size_t out_bytes, W
   return ticket;
 }
 
+size_t outstanding() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.calls.size();
+}
+
 std::string done(int32_t ticket, void* y, size_t out_bytes, Stats* stats) {
   Registry& r = registry();
   std::shared_ptr<Job> job;

@@ -39,5 +39,9 @@ int32_t start(MPI_Comm comm, const void* x, size_t in_bytes, size_t out_bytes, W
 // stats; "" or why not (an unknown ticket, a size other than start's, the call's own error).
 std::string done(int32_t ticket, void* y, size_t out_bytes, Stats* stats);
 
+// How many started calls no done has taken yet (every rank's program finishes each call it
+// starts: after a step this is 0).
+size_t outstanding();
+
 }  // namespace mpi
 }  // namespace jaxhc

@@ -1,12 +1,13 @@
 """Collectives started in one place and finished in another, the bytes moving in between.
 
-``psum_scatter_start`` (or ``psum_start``) hands the call to the transport and returns a
-`Started` at once; ``psum_scatter_done`` (``psum_done``) gives its result, the values the
-synchronous `jaxhc.psum_scatter` (`jaxhc.psum`) of the same input gives, bit for bit, and records
-it in the ledger as that call does. On the MPI transport the call runs on the engine's progress
-thread for its communicator meanwhile (ffi/mpi/queue.h), so what the program computes between
-the two overlaps the communication; `can_start` says whether the transport takes the call (the
-XLA transport never does: its collectives are XLA's, scheduled by XLA).
+``psum_scatter_start`` (or ``psum_start``, ``all_gather_start``) hands the call to the transport
+and returns a `Started` at once; ``psum_scatter_done`` (``psum_done``, ``all_gather_done``) gives
+its result, the values the synchronous `jaxhc.psum_scatter` (`jaxhc.psum`, `jaxhc.all_gather`) of
+the same input gives, bit for bit, and records it in the ledger as that call does. On the MPI
+transport the call runs on the engine's progress thread for its communicator meanwhile
+(ffi/mpi/queue.h), so what the program computes between the two overlaps the communication;
+`can_start` says whether the transport takes the call (the XLA transport never does: its
+collectives are XLA's, scheduled by XLA).
 
 A `Started` is a pytree whose one leaf is its handle (float32 [1]): it can leave a `lax.scan` as
 an output or a custom_vjp backward as a cotangent; `Started.like` puts a handle back into the
@@ -31,6 +32,8 @@ from jaxhc.transport import current as transport
 
 __all__ = [
     "Started",
+    "all_gather_done",
+    "all_gather_start",
     "can_start",
     "psum_done",
     "psum_scatter_done",
@@ -64,14 +67,14 @@ class Started:
 
 
 def can_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None) -> bool:
-    """Whether `psum_start` / `psum_scatter_start` of `x` (an array or its shape and dtype)
-    overlap with what follows them on the current transport (codec chosen as the synchronous
-    call chooses it)."""
+    """Whether `psum_start` / `psum_scatter_start` / `all_gather_start` of `x` (an array or its
+    shape and dtype) overlap with what follows them on the current transport (codec chosen as
+    the synchronous call chooses it)."""
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     return transport().can_start(chosen, x.dtype, axis_name)
 
 
-def _start(op, x, axis_name, codec, policy, kind, raw, wire=None):
+def _start(op, x, axis_name, codec, policy, kind, raw, wire=None, shape=None):
     if not can_start(x, axis_name, codec=codec, policy=policy, kind=kind):
         raise ValueError(
             f"jaxhc {op} of {x.shape} {x.dtype} over {axis_name!r} cannot be started on the "
@@ -80,7 +83,8 @@ def _start(op, x, axis_name, codec, policy, kind, raw, wire=None):
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     parts = transport().axis_size(axis_name)
     handle = transport().start(op, x.reshape(-1), axis_name, chosen)
-    shape = (x.shape[0] // parts, *x.shape[1:]) if op == "psum_scatter" else x.shape
+    if shape is None:
+        shape = (x.shape[0] // parts, *x.shape[1:]) if op == "psum_scatter" else x.shape
     return Started(handle, op, axis_name, kind, chosen, shape, jnp.dtype(x.dtype), raw, wire)
 
 
@@ -123,4 +127,20 @@ def psum_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None)
 
 def psum_done(started: Started) -> jax.Array:
     """The sum of the started `psum_start`, on every rank."""
+    return _done(started)
+
+
+def all_gather_start(x, axis_name, *, tiled=False, codec: CodecLike = None, policy=None, kind=None):
+    """Start ``jaxhc.all_gather(x, axis_name, tiled=tiled, ...)`` (gathered along dimension 0)."""
+    x = c.as_array(x)
+    parts = transport().axis_size(axis_name)
+    if tiled and x.ndim == 0:
+        raise ValueError(f"all_gather_start: a tiled gather needs an array, not a scalar {x.shape}")
+    shape = (parts * x.shape[0], *x.shape[1:]) if tiled else (parts, *x.shape)
+    raw = (parts - 1) * c.nbytes(x)  # every other rank's block, as the synchronous call counts
+    return _start("all_gather", x, axis_name, codec, policy, kind, raw, shape=shape)
+
+
+def all_gather_done(started: Started) -> jax.Array:
+    """Every rank's block of the started `all_gather_start`, in rank order, on every rank."""
     return _done(started)

@@ -164,6 +164,11 @@ def async_ready() -> bool:
     return available() and _native.mpi.async_ready()
 
 
+def outstanding() -> int:
+    """How many started calls of this process no done has taken yet (0 between steps)."""
+    return _native.mpi.outstanding() if available() else 0
+
+
 OPS = {"psum": 0, "psum_scatter": 1, "all_gather": 2}
 
 
