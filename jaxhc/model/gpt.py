@@ -93,7 +93,9 @@ def run_blocks(
     `tp`: this rank's tensor parallelism when `blocks` are a rank's slices (None: one device).
     A `lax.scan` over layers: one compiled block however deep the model.
     `fetch`: `blocks` are scan inputs from which ``fetch(layer, h, xs)`` runs a layer
-    (``layer(params, h)``) on its parameters (sharded parameters gathered layer by layer).
+    (``layer(params, h)``) on its parameters (sharded parameters gathered layer by layer); a
+    fetch with a ``scan`` method runs the layers itself, ``fetch.scan(layer, x, blocks)`` (its
+    scan carries more than the hidden state: `jaxhc.parallel.prefetch`).
     """
     block = block_module(cfg)(cfg, tp or TensorParallel())
 
@@ -103,6 +105,8 @@ def run_blocks(
     def layer(h, xs):
         return (apply(xs, h) if fetch is None else fetch(apply, h, xs)), None
 
+    if hasattr(fetch, "scan"):
+        return fetch.scan(apply, x, blocks)
     return jax.lax.scan(layer, x, blocks)[0]
 
 

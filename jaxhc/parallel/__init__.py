@@ -2,9 +2,10 @@
 
 One module per concern: `pipeline` (the GPipe schedule), `layout` (where each parameter lives
 on the mesh, the flat ZeRO vector), `amsp` (the sharding plan of ``mesh.shard``: the data axis
-as nested groups), `zero` (the sharded AdamW update), `state` (the train state
-and its placement), `fidelity` (the compressed gradient reduction against an exact one, sampled)
-and `step` (the per-shard programs and their jitted `shard_map`s). The model's
+as nested groups), `zero` (the sharded AdamW update), `prefetch` (per-layer ZeRO-3 gathers
+started a layer ahead), `state` (the train state and its placement), `fidelity` (the compressed
+gradient reduction against an exact one, sampled) and `step` (the per-shard programs and their
+jitted `shard_map`s). The model's
 tensor-parallel layers use Megatron's operators from `jaxhc.model.tensor_parallel`.
 
 The API a training loop calls::

@@ -39,7 +39,7 @@ from jaxhc.collectives import started
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.model.tensor_parallel import TensorParallel
-from jaxhc.parallel import fidelity, zero
+from jaxhc.parallel import fidelity, prefetch, zero
 from jaxhc.parallel.layout import ALIGN, PAIRED
 from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
@@ -220,7 +220,7 @@ def _loss_and_grads(params, tokens, cfg, mesh_cfg):
     return loss, _sum_shared(grads)
 
 
-def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
+def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overlap=False):
     """Sharded parameters (s_p > 1): (global loss, this rank's reduced gradient chunk, opt_state)
     from its parameter chunk. The parameters are gathered over the parameter group, whose
     reverse mode reduce-scatters the gradients over the same levels; `zero.reduce` does the
@@ -229,7 +229,8 @@ def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
 
     ``mesh.shard.gather: whole``: the whole chunk at once (`zero.gather_params`). ``layer``:
     the shared parameters so, and each layer's part of the chunk inside the layer scan, forward
-    and again backward (`zero.layer_fetch`); the layers' gradients are reduce-scattered one
+    and again backward (`zero.layer_fetch`; with `overlap`, started a layer ahead where the
+    transport can: `jaxhc.parallel.prefetch`); the layers' gradients are reduce-scattered one
     layer at a time (`zero.scatter_layers`)."""
     shard, layout = plan.shard, plan.layout
     sum_shared = functools.partial(_sum_shared, data=shard.axes)
@@ -252,7 +253,7 @@ def _sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan):
         gather = zero.gather_params(
             layout.shared_tree, lambda ct: layout.shared_flat(sum_shared(ct)), shard
         )
-        fetch = zero.layer_fetch(layout, shard)
+        fetch = prefetch.layer_fetch(layout, shard, overlap)
         shared, pieces = layout.split(chunk)
         parts = [layout.split(r) for r in mine]  # per level: (shared part, layers' parts)
         sink = jnp.zeros((layout.layers, layout.layer_values), jnp.float32)
@@ -319,7 +320,7 @@ def per_shard_train_step(
         if shard.sharded_params:
             params = params.reshape(-1)  # this rank's flat parameter chunk
             loss, g, opt_state = _sharded_loss_and_grads(
-                params, before, tokens, model_cfg, mesh_cfg, plan
+                params, before, tokens, model_cfg, mesh_cfg, plan, overlap
             )
             local = None
         elif overlap and overlaps(plan, fidelity_every, codecs := zero.whole_codecs(layout, shard)):

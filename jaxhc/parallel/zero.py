@@ -234,7 +234,7 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
         return layout.layer_tree(gather_chunk(piece, shard))
 
     def fetch(layer, h, xs):
-        where = {}  # the residuals' structure and which of them are gathered parameters
+        where = {}  # how the backward puts the gathered parameters back among the residuals
 
         @jax.custom_vjp
         def run(h, piece, sink):
@@ -243,21 +243,13 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
         def fwd(h, piece, sink):
             params = gathered(piece)
             out, pullback = jax.vjp(layer, params, h)
-            leaves, where["tree"] = jax.tree.flatten(pullback)
-            index = {id(p): i for i, p in enumerate(jax.tree.leaves(params))}
-            where["params"] = [index.get(id(x)) for x in leaves]
-            kept = [
-                None if i is not None else x for x, i in zip(leaves, where["params"], strict=True)
-            ]
+            kept, where["put_back"] = without_params(pullback, params)
             return out, (piece, kept)
 
         def bwd(res, ct):
             piece, kept = res
-            params = jax.tree.leaves(gathered(piece))  # the second gather
-            leaves = [
-                x if i is None else params[i] for x, i in zip(kept, where["params"], strict=True)
-            ]
-            ct_params, ct_h = where["tree"].unflatten(leaves)(ct)
+            pullback = where["put_back"](kept, gathered(piece))  # the second gather
+            ct_params, ct_h = pullback(ct)
             flat = layout.layer_flat(jax.tree.map(lambda x: x[None], ct_params), pad=False)
             return ct_h, None, flat[0]
 
@@ -265,6 +257,24 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan) -> Callable:
         return run(h, *xs)
 
     return fetch
+
+
+def without_params(pullback, params) -> tuple[list, Callable]:
+    """The residuals of ``pullback = jax.vjp(layer, params, h)[1]`` without `params` among them
+    (None in their places), and ``put_back(kept, params) -> pullback`` with `params` (the same
+    values, gathered again) in those places."""
+    leaves, tree = jax.tree.flatten(pullback)
+    index = {id(p): i for i, p in enumerate(jax.tree.leaves(params))}
+    where = [index.get(id(x)) for x in leaves]
+    kept = [None if i is not None else x for x, i in zip(leaves, where, strict=True)]
+
+    def put_back(kept, params):
+        params = jax.tree.leaves(params)
+        return tree.unflatten(
+            [x if i is None else params[i] for x, i in zip(kept, where, strict=True)]
+        )
+
+    return kept, put_back
 
 
 def layer_reduce(layout: FlatLayout, reduce_row: Callable) -> Callable:
