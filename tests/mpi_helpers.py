@@ -219,6 +219,33 @@ def loss_body(axes, codec):
     return grad_body
 
 
+def assert_on_every_rank(bad: list[str]) -> None:
+    """Fail on every rank, naming each rank's findings, if any rank found something (a rank that
+    failed alone would leave the others waiting in their next collective)."""
+    from mpi4py import MPI
+
+    everyone = MPI.COMM_WORLD.allgather(bad)
+    lines = [f"rank {r}: {k}" for r, ks in enumerate(everyone) for k in ks]
+    assert not lines, "\n".join(lines)
+
+
+def xla_losses(cfg, steps: int = 2) -> list:
+    """The losses of `steps` train steps of `cfg` on the XLA transport (its mesh on this
+    process's host devices), on the batches the MPI tests feed (seed 0, 8 rows of 17 tokens)."""
+    from jaxhc.parallel import init_state, make_mesh, make_train_step
+
+    mesh = make_mesh(cfg.mesh, jax.devices()[: cfg.mesh.size])
+    step = make_train_step(cfg.model, cfg.mesh, cfg.optim, mesh, cfg.policy)
+    state = init_state(cfg.model, cfg.mesh, cfg.optim, mesh, cfg.train.seed, policy=cfg.policy)
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(steps):
+        tokens = rng.integers(0, cfg.model.vocab_size, (8, 17), dtype=np.int32)
+        state, metrics = step(state, tokens)
+        losses.append(np.float32(metrics["loss"]))
+    return losses
+
+
 def bits_equal(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()

@@ -38,12 +38,6 @@ LAYERS = 3
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "experiments" / "default.yaml"
 
 
-def _assert_everywhere(bad: list[str]) -> None:
-    everyone = WORLD.allgather(bad)
-    lines = [f"rank {r}: {k}" for r, ks in enumerate(everyone) for k in ks]
-    assert not lines, "\n".join(lines)
-
-
 def test_progress_threads_are_on():
     """mpi4py initialises MPI with MPI_THREAD_MULTIPLE: the started calls run on the progress
     threads here (else every test below would pass without anything overlapping)."""
@@ -129,7 +123,7 @@ def test_started_calls_match_the_synchronous_ones(codec, case):
         bad.append(f"{codec} {case}: ledger {on} != {off}")
     if case == "nan" and not on["fallbacks"]:
         bad.append("the NaN did not send the started call plain")
-    _assert_everywhere(bad)
+    h.assert_on_every_rank(bad)
 
 
 def test_without_progress_threads_a_start_runs_the_call_itself(monkeypatch):
@@ -152,7 +146,7 @@ def test_without_progress_threads_a_start_runs_the_call_itself(monkeypatch):
     with jaxhc.transport.use(launcher.transport):
         assert not started.can_start(x, "x", codec=codec)
     got, want = jax.jit(both)(x)
-    _assert_everywhere([] if h.bits_equal(got, want) else ["inline start != synchronous call"])
+    h.assert_on_every_rank([] if h.bits_equal(got, want) else ["inline start != synchronous call"])
 
 
 def test_can_start_only_what_the_engine_runs():
@@ -212,21 +206,6 @@ def _train(policy: str, overlap: bool, steps: int = 2):
     return cfg, losses, jax.tree.map(np.asarray, state), starts
 
 
-def _xla_losses(cfg, steps: int = 2):
-    from jaxhc.parallel import init_state, make_mesh, make_train_step
-
-    mesh = make_mesh(cfg.mesh, jax.devices()[: cfg.mesh.size])
-    step = make_train_step(cfg.model, cfg.mesh, cfg.optim, mesh, cfg.policy)
-    state = init_state(cfg.model, cfg.mesh, cfg.optim, mesh, cfg.train.seed, policy=cfg.policy)
-    rng = np.random.default_rng(0)
-    losses = []
-    for _ in range(steps):
-        tokens = rng.integers(0, cfg.model.vocab_size, (8, 17), dtype=np.int32)
-        state, metrics = step(state, tokens)
-        losses.append(np.float32(metrics["loss"]))
-    return losses
-
-
 @pytest.mark.skipif(SIZE != 2, reason="-np 2 only (make test-mpi): 4 ranks compile 2x slower")
 @pytest.mark.parametrize("policy", ["zhybrid"])
 def test_overlapped_training_gives_the_same_bits(policy):
@@ -234,7 +213,7 @@ def test_overlapped_training_gives_the_same_bits(policy):
     backward and without, and the losses the XLA transport's."""
     cfg, on_losses, on, starts = _train(policy, True)
     _, off_losses, off, none = _train(policy, False)
-    ref = _xla_losses(cfg) if RANK == 0 else None
+    ref = h.xla_losses(cfg) if RANK == 0 else None
     ref = WORLD.bcast(ref, root=0)
     bad = []
     if starts != 1 or none != 0:  # one in the layer scan's backward
@@ -247,4 +226,4 @@ def test_overlapped_training_gives_the_same_bits(policy):
         if not h.bits_equal(a, b):
             bad.append(f"{policy}: a state block differs with overlap")
             break
-    _assert_everywhere(bad)
+    h.assert_on_every_rank(bad)
