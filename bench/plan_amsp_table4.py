@@ -9,14 +9,16 @@ ranks them, on four cluster variants:
 
 - ``jaxhc``: configs/clusters/a100-1024.yaml (jaxhc's schedule, one bandwidth per link level);
 - ``amsp``: configs/clusters/a100-1024-amsp.yaml (AMSP's schedule: gradient all-reduce,
-  broadcast exchange, groups at the plan's sizes; an effective bandwidth per op and nodes
-  spanned that falls with the group's size);
+  broadcast exchange, groups at the plan's sizes, parameter gathers prefetched and gradient
+  reductions overlapped with compute at the A100's peak rates, plans ranked by step time; an
+  effective bandwidth per op and nodes spanned that falls with the group's size);
 - ``amsp-schedule``: that file without its ``links.inter_collectives`` (AMSP's schedule on
   a100-1024's links);
 - ``amsp-schedule-nested``: that, with the data axis nested at the node boundary as jaxhc's
   search nests it (``schedule.nesting: node``).
 
-For each: the planner's first plan, where AMSP's choice (Table IV: (1, 1, 8), (4, 4, 8) and
+``jaxhc`` states no compute rates: its plans rank by communication alone. For each: the
+planner's first plan, where AMSP's choice (Table IV: (1, 1, 8), (4, 4, 8) and
 (8, 8, 32)) ranks and its predicted time, and the fitting plan of each of a few named shapes
 that decide the comparison. Writes OUT.json and OUT.md. Predictions, not measurements.
 """
@@ -65,6 +67,7 @@ def describe(c) -> dict:
         "groups": list(lay.levels[:-1]),
         "recompute": lay.recompute,
         "comm_s": round(c.comm_seconds, 4),
+        "step_s": None if c.step_seconds is None else round(c.step_seconds, 4),
         "memory_gib": round(c.memory.total / 2**30, 1),
     }
 
@@ -110,11 +113,17 @@ def markdown(rows, tables) -> str:
         "",
         "LLaMA 7B/13B/30B, 128 x 8 GPUs of 80 GB, batch 1024 x 4096 tokens, mixed precision;",
         "`.venv/bin/python bench/plan_amsp_table4.py` (variants: see its docstring). comm s =",
-        "predicted communication per step; (s_p, s_g, s_os) groups; rc = with recomputation.",
+        "predicted communication per step; step s = predicted step (compute + the communication",
+        "not hidden; - where the cluster file states no compute rates, and plans rank by comm s);",
+        "(s_p, s_g, s_os) groups; rc = with recomputation.",
         "",
-        "| cluster | model | pick | comm s | GiB | AMSP's choice | its rank | comm s |",
-        "|---|---|---|---:|---:|---|---:|---:|",
+        "| cluster | model | pick | comm s | step s | GiB | AMSP's choice | its rank | comm s "
+        "| step s |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|---:|",
     ]
+
+    def step(d):
+        return "-" if d["step_s"] is None else d["step_s"]
 
     def fmt(d):
         rc = " rc" if d["recompute"] else ""
@@ -124,17 +133,18 @@ def markdown(rows, tables) -> str:
         a = r["amsp_plan"]
         out.append(
             f"| {r['cluster']} | {r['model']} | {fmt(r['pick'])} | {r['pick']['comm_s']} | "
-            f"{r['pick']['memory_gib']} | {tuple(r['amsp'])} | {r['amsp_rank']} of "
-            f"{r['fitting_plans']} | {a['comm_s'] if a else '-'} |"
+            f"{step(r['pick'])} | {r['pick']['memory_gib']} | {tuple(r['amsp'])} | "
+            f"{r['amsp_rank']} of {r['fitting_plans']} | {a['comm_s'] if a else '-'} | "
+            f"{step(a) if a else '-'} |"
         )
-    out += ["", "Fastest fitting plan of a few shapes (comm s, GiB):", ""]
+    out += ["", "Fastest fitting plan of a few shapes (comm s, step s, GiB):", ""]
     out.append("| cluster | model | " + " | ".join(str(s) for s in SHAPES) + " |")
     out.append("|---|---|" + "---:|" * len(SHAPES))
     for r in rows:
         cells = []
         for s in SHAPES:
             d = r["shapes"].get(key(s))
-            cells.append(f"{d['comm_s']} ({d['memory_gib']})" if d else "-")
+            cells.append(f"{d['comm_s']}, {step(d)} ({d['memory_gib']})" if d else "-")
         out.append(f"| {r['cluster']} | {r['model']} | " + " | ".join(cells) + " |")
     out += ["", "The top of `jaxhc plan`'s table for the shipped files:", "", "```"]
     out += tables + ["```"]

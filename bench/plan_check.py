@@ -56,7 +56,9 @@ from jaxhc.host_memory import reuse_freed_memory  # noqa: E402
 from jaxhc.model.config import GPTConfig  # noqa: E402
 from jaxhc.plan import cluster as clusters  # noqa: E402
 from jaxhc.plan import profile  # noqa: E402
-from jaxhc.plan.cost import Layout, codec_by_policy, collectives, comm_bytes, device_params  # noqa: E402
+from jaxhc.plan.comm import comm_bytes  # noqa: E402
+from jaxhc.plan.cost import codec_by_policy, collectives  # noqa: E402
+from jaxhc.plan.layout import Layout, device_params  # noqa: E402
 from jaxhc.plan.shapes import from_gpt  # noqa: E402
 
 MODEL = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=256)

@@ -42,7 +42,7 @@ from plan_check import (  # noqa: E402
 import jaxhc  # noqa: E402
 from jaxhc.plan import cluster as clusters  # noqa: E402
 from jaxhc.plan import profile  # noqa: E402
-from jaxhc.plan.cost import Layout, device_params  # noqa: E402
+from jaxhc.plan.layout import Layout, device_params  # noqa: E402
 from jaxhc.plan.shapes import from_gpt  # noqa: E402
 
 PLANS = {  # data = 4: (s_p, s_g, s_os), levels

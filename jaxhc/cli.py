@@ -349,18 +349,19 @@ def cmd_plan(args) -> int:
         f"{shape.name} ({count} parameters) on {cluster.name}: "
         f"{cluster.nodes} x {cluster.devices_per_node} devices, "
         f"{cluster.memory / 2**30:g} GiB each; batch {args.batch} x {seq} tokens, "
-        f"{args.precision}; predicted (jaxhc.plan.cost), communication only"
+        f"{args.precision}; predicted (jaxhc.plan.cost), "
+        + ("communication only" if cluster.compute is None else "step s: jaxhc.plan.steptime")
     )
     schedule = cluster.to_dict().get("schedule")
     if schedule:  # the data-axis collectives as the cluster file's schedule runs them
         print("schedule: " + ", ".join(f"{k} {v}" for k, v in schedule.items()))
     print(table(rows, args.top, args.rejected))
     if args.compare:
-        from jaxhc.plan.search import HEADER
+        from jaxhc.plan.search import HEADER, SEPARATOR
 
         print("\nbest of each family (raw traffic):")
         print(HEADER.replace("| # |", "| family |"))
-        print("|---|" + "---:|" * 6 + "---|---|---|" + "---:|" * 8 + "---|---|")
+        print(SEPARATOR.replace("|---:|", "|---|", 1))
         fams = best_of_families(rows)
         for fam, c in fams.items():
             print(row(fam, c))

@@ -17,7 +17,8 @@ from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.state import Plan
 from jaxhc.plan import amsp_bytes, data_collectives, state_bytes
 from jaxhc.plan.cluster import local
-from jaxhc.plan.cost import Layout, collectives
+from jaxhc.plan.cost import collectives
+from jaxhc.plan.layout import Layout
 from jaxhc.plan.shapes import from_gpt
 
 EF = jaxhc.Policy.from_dict(

@@ -16,15 +16,9 @@ from jaxhc.model.config import GPTConfig, MeshConfig
 from jaxhc.parallel.state import Plan
 from jaxhc.plan import amsp_bytes, data_collectives, load_shape, state_bytes
 from jaxhc.plan import cluster as clusters
-from jaxhc.plan.cost import (
-    Comm,
-    Layout,
-    codec_by_policy,
-    collectives,
-    comm_time,
-    memory,
-    trainable,
-)
+from jaxhc.plan.comm import Comm, comm_time
+from jaxhc.plan.cost import codec_by_policy, collectives, memory
+from jaxhc.plan.layout import Layout, trainable
 from jaxhc.plan.search import best_of_families, evaluate, search, table
 from jaxhc.plan.shapes import LLAMA, from_gpt
 
@@ -258,7 +252,9 @@ def test_fused_mpi_calls_pipeline_codec_and_wire():
     """On the MPI transport a ZFP/MPC psum, reduce-scatter or all-gather is one fused call: its
     S segments (SEGMENT_BYTES raw of a rank's chunk) pipeline codec and wire, max + min / S, and
     only the reduce-scatter agrees on its flags in an extra all-reduce."""
-    from jaxhc.transport._mpi_fused import SEGMENT_BYTES
+    from jaxhc.transport import MpiTransport
+
+    SEGMENT_BYTES = MpiTransport.SEGMENT_BYTES
 
     zfp = jaxhc.codecs.parse("zfp:8")
     n = 3 * SEGMENT_BYTES // 4  # float32 values a rank passes in: 3 MiB

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from jaxhc.plan import cluster as clusters
-from jaxhc.plan.cost import Comm
+from jaxhc.plan.comm import Comm
 from jaxhc.plan.profile import (
     GROUP_OPS,
     codec_figures,

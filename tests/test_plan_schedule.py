@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from jaxhc.plan import cluster as clusters
-from jaxhc.plan.cost import Layout, collectives, comm_time, device_params
+from jaxhc.plan.comm import comm_time
+from jaxhc.plan.cost import collectives
+from jaxhc.plan.layout import Layout, device_params
 from jaxhc.plan.search import search
 from jaxhc.plan.shapes import LLAMA
 
@@ -194,8 +196,13 @@ def _best(rows, sizes):
 def test_amsp_setting_table_and_schedule():
     """configs/clusters/a100-1024-amsp.yaml in AMSP's setting (LLaMA, 1024 GPUs, batch 1024 x
     4096, mixed precision): what its table and schedule do to the plans AMSP compares."""
-    amsp = clusters.load(str(CLUSTERS / "a100-1024-amsp.yaml"))
-    assert (amsp.gradients, amsp.exchange, amsp.nesting) == ("all_reduce", "broadcast", "sizes")
+    shipped = clusters.load(str(CLUSTERS / "a100-1024-amsp.yaml"))
+    assert (shipped.gradients, shipped.exchange, shipped.nesting) == (
+        "all_reduce",
+        "broadcast",
+        "sizes",
+    )
+    amsp = dataclasses.replace(shipped, compute=None)  # ranked by communication, as before
     assert amsp.inter_link("psum", 128).bandwidth < amsp.inter_link("psum", 4).bandwidth
     plain = dataclasses.replace(amsp, inter_collectives={})  # the schedule on a100-1024's links
 
@@ -231,6 +238,34 @@ def test_plan_prints_the_schedule_of_a_cluster_that_has_one(capsys):
     argv += ["--precision", "mixed", "--top", "1", "--rejected", "0", "--cluster"]
     assert cli.main([*argv, str(CLUSTERS / "a100-1024-amsp.yaml")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1] == "schedule: gradients all_reduce, exchange broadcast, nesting sizes"
+    schedule = "gradients all_reduce, exchange broadcast, nesting sizes, overlap amsp"
+    assert lines[1] == f"schedule: {schedule}"
+    assert "step s" in lines[2] and lines[0].endswith("step s: jaxhc.plan.steptime")
     assert cli.main([*argv, str(CLUSTERS / "a100-1024.yaml")]) == 0
     assert not any(x.startswith("schedule") for x in capsys.readouterr().out.splitlines())
+
+
+def test_amsp_setting_with_compute_and_overlap():
+    """The shipped AMSP file with its compute rates and AMSP's overlap: every plan's step is its
+    compute (recomputation adds a third) plus what is not hidden; full sharding, whose gathers
+    are prefetched and which has no exchange, comes first for all three models, and AMSP's
+    choices rank below it (what docs/planner.md explains)."""
+    amsp = clusters.load(str(CLUSTERS / "a100-1024-amsp.yaml"))
+    assert amsp.overlap == "amsp" and amsp.compute.flops == 312e12
+
+    def rows(model):
+        return search(LLAMA[model], amsp, 1024, 4096, precision="mixed")
+
+    table4 = (("llama-7b", (1, 1, 8)), ("llama-13b", (4, 4, 8)), ("llama-30b", (8, 8, 32)))
+    for model, want in table4:
+        r = rows(model)
+        first, theirs = r[0], _best(r, want)
+        s_p, s_g, s_os = first.layout.sizes
+        assert s_p == s_g == s_os > 8  # (s, s, s) across nodes
+        assert first.step_seconds < theirs.step_seconds
+    # 7B: (1, 1, 8) fits only with recomputation in jaxhc's memory model
+    r7 = rows("llama-7b")
+    assert all(c.layout.recompute for c in r7 if c.layout.sizes == (1, 1, 8) and not c.rejected)
+    # 30B: (8, 8, 32)'s broadcast exchange over 32 GPUs is not hidden: (8, 8, 8) is faster
+    r30 = rows("llama-30b")
+    assert _best(r30, (8, 8, 32)).step_seconds > _best(r30, (8, 8, 8)).step_seconds

@@ -2,17 +2,17 @@
 
 `memory` and `traffic` count, exactly, what jaxhc's compiled train step holds and moves under a
 ``mesh.shard`` plan (checked against XLA and the ledger); `shapes` gives the planner a model's
-shapes (GPT-2, LLaMA); `cluster` reads cluster files (`jaxhc profile` writes one); `cost` predicts
-a plan's memory per device and communication time per step; `search` ranks the plans
-(``jaxhc plan``).
+shapes (GPT-2, LLaMA); `cluster` reads cluster files (`jaxhc profile` writes one); `layout` is a
+plan; `cost` predicts its memory per device and its collectives, `comm` their time, `steptime`
+the step's compute and the communication it hides; `search` ranks the plans (``jaxhc plan``).
 
 >>> sorted(jaxhc.plan.MODELS)                 # GPT-2 presets; LLaMA shapes: load_shape
 ['gpt2-large', 'gpt2-medium', 'gpt2-small', 'gpt2-xl']
 """
 
 from jaxhc.plan.cluster import Cluster as Cluster
-from jaxhc.plan.cost import Layout as Layout
 from jaxhc.plan.cost import collectives as collectives
+from jaxhc.plan.layout import Layout as Layout
 from jaxhc.plan.memory import StateBytes as StateBytes
 from jaxhc.plan.memory import amsp_bytes as amsp_bytes
 from jaxhc.plan.memory import state_bytes as state_bytes

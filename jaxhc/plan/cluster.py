@@ -62,9 +62,23 @@ Optionally ``schedule`` says how the training system runs a plan's data-axis col
                               # level broadcasts its updated chunk to the others in turn)
       nesting: node           # node (jaxhc's search): the data axis nested at the node boundary
                               # and at the plan's sizes; sizes (AMSP's groups): at its sizes only
+      overlap: jaxhc          # what the step hides behind its compute (`jaxhc.plan.steptime`):
+                              # jaxhc (its step: on the MPI transport, the layers' first-level
+                              # gradient reduce-scatters behind the earlier layers' backward);
+                              # amsp (parameter gathers prefetched a layer ahead, every gradient
+                              # reduction issued per layer in the backward); none
+
+Optionally ``compute`` gives a device's rates, from which the planner predicts a step's time
+(`jaxhc.plan.steptime`: forward, backward and update, plus the communication not hidden)::
+
+    compute:
+      tflop_s: 150            # matrix products at the plans' precision, per device
+      memory_gb_s: 1500       # the optimizer update's bytes (read and written), per device
+
+Without it the planner predicts communication only. `jaxhc profile` measures both here.
 
 A broadcast is uncompressed; one of a chunk of c bytes over k ranks is a pipelined ring: k - 1
-steps of latency, c bytes over every link (`jaxhc.plan.cost.Comm`). The schedule is what a
+steps of latency, c bytes over every link (`jaxhc.plan.comm.Comm`). The schedule is what a
 plan's prediction assumes, not what `jaxhc train` runs (jaxhc's step is the default's).
 """
 
@@ -86,9 +100,10 @@ TOP_KEYS = (
     "links",
     "codecs",
     "schedule",
+    "compute",
     "source",
 )
-# What moves a collective's bytes inside a node (`jaxhc.plan.cost.Comm.legs`): a compressed
+# What moves a collective's bytes inside a node (`jaxhc.plan.comm.Comm.legs`): a compressed
 # reduce-scatter's payloads go by an all-to-all, a fallback flag's agreement by a tiny all-reduce.
 COLLECTIVE_OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
 TABLE_OPS = (*COLLECTIVE_OPS, "broadcast")  # what the link tables give figures for
@@ -96,6 +111,7 @@ SCHEDULE = {  # schedule key: its values, the default (jaxhc's step) first
     "gradients": ("scatter", "all_reduce"),
     "exchange": ("all_gather", "broadcast"),
     "nesting": ("node", "sizes"),
+    "overlap": ("jaxhc", "amsp", "none"),
 }
 
 
@@ -125,6 +141,17 @@ class CodecSpeed:
 
 
 @dataclasses.dataclass(frozen=True)
+class ComputeRate:
+    """A device's matrix-product rate (FLOP/s) and the optimizer update's memory rate (bytes/s)."""
+
+    flops: float
+    memory: float
+
+    def to_dict(self) -> dict:
+        return {"tflop_s": _round(self.flops / 1e12), "memory_gb_s": _round(self.memory / 1e9)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Cluster:
     """A cluster: nodes of devices, the links within and between nodes, codec speeds (a
     cluster file, `jaxhc.plan.cluster.load`).
@@ -151,6 +178,8 @@ class Cluster:
     gradients: str = "scatter"  # schedule.gradients
     exchange: str = "all_gather"  # schedule.exchange
     nesting: str = "node"  # schedule.nesting
+    overlap: str = "jaxhc"  # schedule.overlap
+    compute: ComputeRate | None = None  # compute: None, communication only
 
     @property
     def devices(self) -> int:
@@ -216,6 +245,8 @@ class Cluster:
         schedule = {k: getattr(self, k) for k in SCHEDULE if getattr(self, k) != SCHEDULE[k][0]}
         if schedule:
             out["schedule"] = schedule
+        if self.compute is not None:
+            out["compute"] = self.compute.to_dict()
         if self.source:
             out["source"] = self.source
         return out
@@ -312,6 +343,16 @@ def from_dict(data, where: str = "cluster") -> Cluster:
             _number(f"codecs.{spec}.encode_gb_s", speeds["encode_gb_s"]) * 1e9,
             _number(f"codecs.{spec}.decode_gb_s", speeds["decode_gb_s"]) * 1e9,
         )
+    compute = None
+    if data.get("compute") is not None:
+        rates = _mapping("compute", data["compute"], ("tflop_s", "memory_gb_s"))
+        for k in ("tflop_s", "memory_gb_s"):
+            if k not in rates:
+                raise ValueError(f"{where}: cluster key compute.{k} is missing")
+        compute = ComputeRate(
+            _number("compute.tflop_s", rates["tflop_s"]) * 1e12,
+            _number("compute.memory_gb_s", rates["memory_gb_s"]) * 1e9,
+        )
     name = str(data.get("name", os.path.splitext(os.path.basename(where))[0]))
     source = str(data.get("source", ""))
     return Cluster(
@@ -326,6 +367,7 @@ def from_dict(data, where: str = "cluster") -> Cluster:
         groups,
         inter_groups,
         *(schedule.get(k, values[0]) for k, values in SCHEDULE.items()),
+        compute=compute,
     )
 
 

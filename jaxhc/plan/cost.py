@@ -1,9 +1,4 @@
-"""Memory per device and communication time per step of one plan (a `Layout`) on a `Cluster`.
-
-A plan: data x tensor x pipe devices (the mesh is data-major, pipe innermost, so a data rank's
-tensor x pipe devices sit next to each other), the AMSP sizes s_p <= s_g <= s_os over the data
-axis nested in `levels` (group sizes, innermost first, ending with data), the codec of the data
-levels that cross nodes, the precision and whether layers are recomputed.
+"""Memory per device and the collectives per step of one plan (a `Layout`) on a `Cluster`.
 
 Memory (bytes per device; psi = the device's parameters, its tensor x pipe block):
   float32 (jaxhc): P = 4 psi (s_p = 1: the parameter tree) or 4 psi_pad / s_p (its chunk of the
@@ -61,224 +56,36 @@ all-reduced over the chunk's data / s_os replicas (one psum, its ranks s_os apar
 back; ``exchange: broadcast``: per level of the exchange, each of its k members broadcasts its
 chunk (k broadcasts of the chunk, uncompressed).
 
-Time of a collective of k ranks: (k - 1) latencies (2 (k - 1) for an all-reduce) + wire bytes /
-bandwidth of the links its group spans (intra-node when its devices fit in a node; across nodes
-min(intra, m x inter) for a ring with m members in each node: a ring step crosses each node
-boundary once, and a node's rings share its devices' NIC shares) + its codec's
-encode and decode time (a reduce-scatter encodes its n raw bytes and decodes n; an all-gather
-encodes its chunk and decodes k chunks) at the cluster's speeds; a codec that may fall back adds
-the flag's agreement, an all-reduce of 4 bytes a rank (2 (k - 1) latencies). Under a codec the
-payloads move as jaxhc's XLA transport moves them (`Comm.legs`: a reduce-scatter's by an
-all-to-all); a cluster's ``links.collectives`` gives an op over a group inside a node its own
-latency and bandwidth for that group size (measured by `jaxhc profile --links`), and
-``links.inter_collectives`` an op across nodes its latency and per-NIC-share bandwidth by the
-nodes its group spans (in place of ``links.inter``: `Cluster.inter_link`). On the MPI
-transport (``Layout.transport``) a ZFP or MPC psum, reduce-scatter or all-gather without error
-feedback is one fused native call (`jaxhc.transport._mpi_fused`): its segments of
-SEGMENT_BYTES raw bytes are encoded, sent and decoded in a pipeline, so its wire time W and codec
-time C give max(W, C) + min(W, C) / S for S segments of a rank's chunk (a two-stage pipeline of
-equal segments), and its flags travel in the messages (only the reduce-scatter, whose ranks see
-only their own pieces, agrees in an extra all-reduce). Collectives run one after the other and
-nothing overlaps with compute: a step's communication time is their sum.
+The time of each collective is `jaxhc.plan.comm.Comm`'s; a step's time, its compute and the
+communication it hides, `jaxhc.plan.steptime`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 
-import jax
 import jax.numpy as jnp
 
-from jaxhc.codecs import Codec, parse
-from jaxhc.collectives import volume
-from jaxhc.plan.cluster import Cluster, Link
+from jaxhc.codecs import parse
+from jaxhc.plan.cluster import Cluster
+from jaxhc.plan.comm import FUSED_OPS, Comm, dtype_of
+from jaxhc.plan.layout import (
+    PRECISIONS,
+    Layout,
+    device_params,
+    device_segments,
+    tokens_per_microbatch,
+)
 from jaxhc.plan.shapes import ModelShape
-from jaxhc.transport._mpi_fused import SEGMENT_BYTES
 
-FUSED_OPS = ("psum", "psum_scatter", "all_gather")  # the MPI transport's fused native calls
-
-PRECISIONS = {  # bytes per value: params, grads (and what they move as), activations
-    "float32": (4, 4, 4),
-    "mixed": (2, 2, 2),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """One plan: the mesh, the AMSP sizes (s_p, s_g, s_os), the nested data groups, the codec on
-    the levels that cross nodes, precision, recomputation, gathering and transport.
-
-    >>> lay = jaxhc.plan.Layout(data=8, tensor=1, pipe=1, microbatches=1, params=1, grads=8,
-    ...                         optim=8, levels=(8,))       # jaxhc's ZeRO on a flat data axis
-    >>> lay.sizes
-    (1, 8, 8)
-    """
-
-    data: int
-    tensor: int
-    pipe: int
-    microbatches: int
-    params: int  # s_p
-    grads: int  # s_g
-    optim: int  # s_os
-    levels: tuple[int, ...]  # nested data group sizes, innermost first, ending with data
-    codec: str = "none"  # for the data levels whose group crosses nodes
-    precision: str = "float32"
-    recompute: bool = False
-    gather: str = "layer"  # float32, s_p > 1: ``mesh.shard.gather`` (per layer or whole)
-    transport: str = "xla"  # how the collectives run: "xla" or "mpi" (`--transport`)
-
-    @property
-    def per_layer(self) -> bool:
-        """Whether jaxhc's step (float32) gathers sharded parameters layer by layer."""
-        return self.params > 1 and self.precision == "float32" and self.gather == "layer"
-
-    @property
-    def sizes(self) -> tuple[int, int, int]:
-        return (self.params, self.grads, self.optim)
-
-    @property
-    def factors(self) -> tuple[int, ...]:
-        """The levels' own sizes, innermost first."""
-        return tuple(h // lo for lo, h in zip((1, *self.levels), self.levels, strict=False))
-
-    def axis(self, i: int) -> str:
-        """jaxhc's name of level i (0 innermost): "data" alone, else data.0 outermost."""
-        k = len(self.levels)
-        return "data" if k == 1 else f"data.{k - 1 - i}"
-
-    @property
-    def groups(self) -> tuple[int, ...]:
-        """``mesh.shard.groups`` (the levels below data)."""
-        return self.levels[:-1]
-
-    def mesh_overrides(self) -> dict:
-        shard = {
-            "params": self.params,
-            "grads": self.grads,
-            "optim": self.optim,
-            "groups": list(self.groups),
-            "gather": self.gather,
-        }
-        return {
-            "data": self.data,
-            "tensor": self.tensor,
-            "pipe": self.pipe,
-            "microbatches": self.microbatches,
-            "shard": shard,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Comm:
-    """One collective of a step on one device."""
-
-    axis: str  # "data", "data.<i>", "tensor", "pipe"
-    kind: str  # "param", "grad", "act" (tensor and pipe)
-    op: str  # "all_gather", "psum_scatter", "psum", "ppermute", "psum_pair"
-    ranks: int
-    span: int  # consecutive devices its group covers (for the link level)
-    message: int  # values this device passes in
-    itemsize: int
-    count: int  # times per step
-    codec: Codec | None = None
-    per_node: int = 1  # its ring's members in one node (consecutive), when it crosses nodes
-    fused: bool = False  # the MPI transport's fused native call (codec and wire pipelined)
-
-    @property
-    def raw(self) -> float:
-        """Raw bytes per call (ring)."""
-        n = self.message * self.itemsize
-        k = self.ranks
-        return {
-            "all_gather": (k - 1) * n,
-            "psum_scatter": (k - 1) / k * n,
-            "psum": 2 * (k - 1) / k * n,
-            "ppermute": (k - 1) / k * n,  # a pipeline: the last stage sends nothing forward
-            "psum_pair": 2 / k * n,  # two of the k ranks send
-            "broadcast": n,  # a pipelined ring: every link carries the whole message
-        }[self.op]
-
-    @property
-    def wire(self) -> float:
-        """Bytes per call as jaxhc's compressed algorithms move them (raw without a codec)."""
-        return wire_bytes(self.codec, self.op, self.ranks, self.message, self.itemsize, self.raw)
-
-    def bandwidth(self, cluster: Cluster) -> float:
-        """Bytes/s per device: intra-node when the group fits a node; across nodes, a node's
-        rings of this level (per_node / m of them, m = its members in the node) share the node's
-        per_node NIC shares, and each ring step crosses once per node: min(intra, m x inter)."""
-        return self.link(cluster, self.op).bandwidth
-
-    def link(self, cluster: Cluster, op: str) -> Link:
-        """The latency per step and bandwidth per device `op` gets over this group: the level's
-        links inside a node; across nodes min(intra, m x inter) at `Cluster.inter_link`'s
-        figures for `op` and the nodes the group spans (``links.inter``'s without a table)."""
-        if self.span <= cluster.devices_per_node:
-            return cluster.intra
-        inter = cluster.inter_link(op, -(-self.ranks // self.per_node))  # the nodes it spans
-        return Link(min(cluster.intra.bandwidth, self.per_node * inter.bandwidth), inter.latency)
-
-    def legs(self) -> list[tuple[str, int, float]]:
-        """(op, latency steps, bytes) of what moves one call: the op itself, or under a codec
-        its payloads (a reduce-scatter's by an all-to-all, an all-reduce's by an all-to-all
-        and an all-gather, half each) and, when the codec may fall back, the agreement on the
-        flag (an all-reduce of an int32 per rank, `jaxhc.collectives._common.guarded`)."""
-        k = self.ranks
-        steps = {"psum": 2 * (k - 1), "ppermute": 1, "psum_pair": 1}.get(self.op, k - 1)
-        if self.codec is None or self.codec.spec == "none":
-            return [(self.op, steps, self.raw)]
-        agree = volume.agreement(self.codec, k)
-        payload = self.wire - agree
-        if self.fused:  # the call's own schedule; flags in its messages but a scatter's
-            agreed = self.op == "psum_scatter" and agree
-            return [(self.op, steps, payload)] + ([("psum", 2 * (k - 1), agree)] if agreed else [])
-        if self.op == "psum_scatter":
-            out = [("all_to_all", k - 1, payload)]
-        elif self.op == "psum":
-            out = [("all_to_all", k - 1, payload / 2), ("all_gather", k - 1, payload / 2)]
-        else:
-            out = [(self.op, steps, payload)]
-        return out + [("psum", 2 * (k - 1), agree)] if agree else out
-
-    def seconds(self, cluster: Cluster) -> float:
-        latency = wire = codec = 0.0
-        for op, steps, nbytes in self.legs():
-            own = cluster.collective_link(op, self.ranks, self.span)
-            if own is not None:  # links.collectives: this op's figures for its group size
-                latency += steps * own.latency
-                wire += nbytes / own.bandwidth
-            else:
-                link = self.link(cluster, op)
-                latency += steps * link.latency
-                wire += nbytes / link.bandwidth
-        n = self.message * self.itemsize
-        if self.codec is not None and self.codec.spec != "none":
-            speed = cluster.speed(self.codec.spec)
-            encoded = n + n / self.ranks if self.op == "psum" else n
-            decoded = {"all_gather": self.ranks * n, "psum": 2 * n, "psum_pair": 2 * n}.get(
-                self.op, n
-            )
-            codec = encoded / speed.encode + decoded / speed.decode
-        if self.fused:  # S segments of a rank's chunk in a two-stage pipeline
-            chunk = n if self.op == "all_gather" else n / self.ranks
-            segments = max(1, math.ceil(chunk / SEGMENT_BYTES))
-            return self.count * (latency + max(wire, codec) + min(wire, codec) / segments)
-        return self.count * (latency + wire + codec)
-
-
-def _dtype(itemsize: int):
-    return jnp.float32 if itemsize == 4 else jnp.bfloat16
-
-
-def wire_bytes(codec, op: str, ranks: int, message: int, itemsize: int, raw: float) -> float:
-    """What jaxhc's algorithms move for one call under `codec` (None: `raw`): the codec's static
-    payload per row (rows padded to `ROW_MULTIPLE`) and the fallback agreement flags."""
-    if codec is None or codec.spec == "none":
-        return raw
-    return volume.compressed(codec, op, ranks, message, _dtype(itemsize))
+__all__ = [
+    "Memory",
+    "codec_by_policy",
+    "codec_by_spec",
+    "collectives",
+    "memory",
+    "residual_values",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,54 +103,6 @@ class Memory:
     @property
     def total(self) -> int:
         return self.params + self.grads + self.optim + self.activations + self.temporaries
-
-
-@functools.lru_cache(maxsize=256)
-def _flat_layout(gpt, data: int, tensor: int, pipe: int):
-    from jaxhc.model.config import MeshConfig
-    from jaxhc.parallel.layout import FlatLayout
-
-    return FlatLayout(_param_shapes(gpt), MeshConfig(data=data, tensor=tensor, pipe=pipe))
-
-
-@functools.lru_cache(maxsize=16)
-def _param_shapes(gpt):
-    from jaxhc.model import gpt as gpt_model
-
-    return jax.eval_shape(functools.partial(gpt_model.init_params, gpt), 0)
-
-
-def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
-    """(parameters on the device, its padded flat vector): exact (jaxhc's layout) for a model
-    jaxhc trains in float32, else `ModelShape.device_params` padded to 4 x data."""
-    if shape.gpt is not None and lay.precision == "float32":
-        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
-        return fl.size, fl.padded
-    size = shape.device_params(lay.tensor, lay.pipe)
-    q = 4 * lay.data
-    return size, -(-size // q) * q
-
-
-def device_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
-    """(shared segment, one layer's segment, local layers) of the device's flat vector, padded
-    values (`jaxhc.parallel.layout.FlatLayout`): exact for a model jaxhc trains in float32."""
-    from jaxhc.parallel.layout import ALIGN
-
-    layers = shape.layers // lay.pipe
-    q = ALIGN * lay.data
-    if shape.gpt is not None and lay.precision == "float32":
-        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
-        return fl.shared_padded, fl.layer_padded, fl.layers
-    _, padded = device_params(shape, lay)
-    per_device = -(-shape.layer_params() // lay.tensor)
-    layer = -(-per_device // q) * q
-    return max(padded - layers * layer, 0), layer, layers
-
-
-def tokens_per_microbatch(lay: Layout, batch: int, seq: int) -> tuple[int, int]:
-    """(sequences, tokens) of one micro-batch on one data rank."""
-    b = batch // (lay.data * lay.microbatches)
-    return b, b * seq
 
 
 def residual_values(lay: Layout, padded: int) -> int:
@@ -411,8 +170,8 @@ def codec_by_policy(policy):
     pol = Policy.load(policy)
 
     def of(axis, kind, itemsize, nbytes, inter):
-        codec = pol.codec_for(axis, kind, _dtype(itemsize))
-        if codec is None or not codec.supports(_dtype(itemsize)) or nbytes < pol.min_bytes:
+        codec = pol.codec_for(axis, kind, dtype_of(itemsize))
+        if codec is None or not codec.supports(dtype_of(itemsize)) or nbytes < pol.min_bytes:
             return None
         return codec
 
@@ -441,7 +200,7 @@ def collectives(
     factors, levels = lay.factors, lay.levels
     out: list[Comm] = []
 
-    def add(i, kind, op, message, itemsize, count):
+    def add(i, kind, op, message, itemsize, count, role):
         k = factors[i]
         if k == 1:
             return
@@ -451,8 +210,9 @@ def collectives(
         codec = None if op == "broadcast" else codec  # jaxhc has no compressed broadcast
         members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
         fused = _fused(lay, codec, op, feedback and kind == "grad")
+        axis = lay.axis(i)
         out.append(
-            Comm(lay.axis(i), kind, op, k, span, message, itemsize, count, codec, members, fused)
+            Comm(axis, kind, op, k, span, message, itemsize, count, codec, members, fused, role)
         )
 
     inside = lambda s: [i for i, g in enumerate(levels) if g <= s]  # noqa: E731
@@ -468,7 +228,7 @@ def collectives(
     for whole, count in gathers if lay.params > 1 else ():
         n = whole // lay.params
         for i in reversed(inside(lay.params)):
-            add(i, "param", "all_gather", n, ep, count)
+            add(i, "param", "all_gather", n, ep, count, "gather")
             n *= factors[i]
     # gradient reduce-scatter, innermost first, to 1/data (once a step; per micro-batch inside
     # s_g for a layer-wise s_p > 1, which keeps no whole gradient; per layer inside s_p for
@@ -477,7 +237,7 @@ def collectives(
     for whole, count in scatters:
         n = whole
         for i in inside(lay.params):
-            add(i, "grad", "psum_scatter", n, eg, count)
+            add(i, "grad", "psum_scatter", n, eg, count, "reduce")
             n //= factors[i]
     n = padded
     # AMSP's schedule: a sharded gradient reduce-scattered down to the OS chunk, a replicated
@@ -487,17 +247,17 @@ def collectives(
     for i in inside(reduced):
         count = m if per_micro and levels[i] <= lay.grads else 1
         if not (scatters and levels[i] <= lay.params):
-            add(i, "grad", "psum_scatter", n, eg, count)
+            add(i, "grad", "psum_scatter", n, eg, count, "reduce")
         n //= factors[i]
     if amsp and reduced < lay.data:  # the replicas: one group of data / reduced ranks
         k, span, axis = lay.data // reduced, lay.data * tp, lay.axis(len(levels) - 1)
         codec = codec_of(axis, "grad", eg, n * eg, span > cluster.devices_per_node)
         members = _members(k, reduced * tp, cluster.devices_per_node)
         fused = _fused(lay, codec, "psum", feedback)
-        out.append(Comm(axis, "grad", "psum", k, span, n, eg, 1, codec, members, fused))
+        out.append(Comm(axis, "grad", "psum", k, span, n, eg, 1, codec, members, fused, "reduce"))
     for i in reversed(range(len(levels))) if not amsp else ():  # back outside the gradient group
         if levels[i] > lay.grads:
-            add(i, "grad", "all_gather", n, eg, 1)
+            add(i, "grad", "all_gather", n, eg, 1, "reduce")
             n *= factors[i]
     # parameter exchange after the update: the OS chunk over the levels inside s_os, outside
     # s_p, all-gathered, or broadcast by each member of a level (k uncompressed broadcasts)
@@ -506,9 +266,9 @@ def collectives(
     for i in reversed(inside(lay.optim)):
         if levels[i] > lay.params:
             if broadcast:  # one broadcast of its chunk by each member
-                add(i, "param", "broadcast", n, ep, factors[i])
+                add(i, "param", "broadcast", n, ep, factors[i], "exchange")
             else:
-                add(i, "param", "all_gather", n, ep, 1)
+                add(i, "param", "all_gather", n, ep, 1, "exchange")
             n *= factors[i]
     b, tok = tokens_per_microbatch(lay, batch, seq)
     act = tok * shape.width
@@ -544,58 +304,3 @@ def _fused(lay: Layout, codec, op: str, feedback: bool) -> bool:
 def _members(k: int, stride: int, per_node: int) -> int:
     """Members of a k-rank ring whose members are `stride` devices apart that share a node."""
     return max(1, min(k, per_node // stride)) if per_node % stride == 0 else 1
-
-
-def comm_time(comms: list[Comm], cluster: Cluster) -> float:
-    return sum(c.seconds(cluster) for c in comms)
-
-
-def comm_bytes(comms: list[Comm]) -> float:
-    return sum(c.count * c.wire for c in comms)
-
-
-def check_layout(shape: ModelShape, lay: Layout, batch: int) -> str:
-    """Why the plan cannot run at all ("" when it can): one line naming the rule."""
-    if shape.heads % lay.tensor:
-        return f"tensor={lay.tensor} does not divide heads={shape.heads}"
-    if shape.layers % lay.pipe:
-        return f"pipe={lay.pipe} does not divide layers={shape.layers}"
-    if batch % (lay.data * lay.microbatches):
-        return (
-            f"batch {batch} is not divisible by data {lay.data} x microbatches {lay.microbatches}"
-        )
-    s_p, s_g, s_os = lay.sizes
-    if not (lay.data % s_os == 0 and s_os % s_g == 0 and s_g % s_p == 0):
-        return f"s_p={s_p} | s_g={s_g} | s_os={s_os} | data={lay.data} must each divide the next"
-    if s_g not in (s_p, s_os):
-        return f"s_g={s_g} must equal s_p={s_p} or s_os={s_os} (AMSP)"
-    for s in lay.sizes:
-        if s not in (1, *lay.levels):
-            return f"size {s} is not 1 or one of the levels {list(lay.levels)}"
-    if shape.gpt is not None:
-        from jaxhc.model.config import MeshConfig, validate
-
-        try:
-            validate(
-                shape.gpt,
-                MeshConfig(lay.data, lay.tensor, lay.pipe, lay.microbatches),
-                batch_size=batch,
-            )
-        except ValueError as e:
-            return str(e)
-    return ""
-
-
-def trainable(shape: ModelShape, lay: Layout) -> str:
-    """Whether `jaxhc train` takes the plan: "yes", or why not (the trainer's own refusal)."""
-    if shape.gpt is None:
-        return "shapes only"
-    from jaxhc.model.config import ShardConfig
-
-    try:
-        ShardConfig(*lay.sizes, groups=lay.groups).resolve(lay.data)
-    except ValueError as e:
-        return f"no: {e}"
-    if lay.precision != "float32":
-        return "not as counted (jaxhc trains float32)"
-    return "yes"

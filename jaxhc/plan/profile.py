@@ -15,6 +15,12 @@ sub-axis runs): one op in a jitted program less the same program without it, bes
 at four sizes (`GROUP_VALUES`: 1 to 8 MiB per device); a latency and bandwidth per op and
 k fitted through them (`fit_link`) go into ``links.collectives``. On XLA:CPU's in-process
 collectives these differ by op and group size far more than one link's figures can say.
+
+Compute (``compute``, what `jaxhc.plan.steptime` predicts a step's compute from): a float32
+matrix product of a transformer layer's shape (`MATMUL`: tokens x width times width x 4 width)
+and an AdamW update of a float32 vector (`UPDATE_VALUES` a device, the bytes it reads and writes:
+`jaxhc.plan.steptime.UPDATE_BYTES` a value), on every local device at once, the best of a few
+runs: FLOP/s and bytes/s per device.
 """
 
 from __future__ import annotations
@@ -300,6 +306,63 @@ def group_fit(
     return group_figures(rounds(group_programs(ops, values, devices, sizes), repeats))
 
 
+MATMUL = (1024, 768, 3072)  # (tokens, width, 4 width) of `compute_rates`' product
+UPDATE_VALUES = 1 << 22  # float32 values per device of its update (16 MiB: beyond the caches)
+
+
+def compute_programs(devices=None) -> tuple[dict, dict]:
+    """The programs `compute_rates` times, {"matmul" | "update": call}, every local device
+    running its own at once, and {key: FLOPs or bytes per device of one call}."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jaxhc.plan.steptime import UPDATE_BYTES
+
+    devs = list(devices or jax.devices())
+    k = len(devs)
+    mesh = Mesh(np.asarray(devs), ("d",))
+    spec = P("d")
+    tok, width, ffn = MATMUL
+
+    def put(x):
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
+    def mapped(fn, n_in, out_specs=spec):
+        return jax.jit(
+            jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * n_in, out_specs=out_specs,
+                          check_vma=False)
+        )  # fmt: skip
+
+    a = put(walk(k * tok * width).reshape(k * tok, width) / 1e3)
+    b = put(walk(k * width * ffn, seed=1).reshape(k * width, ffn) / 1e3)
+    matmul = mapped(lambda x, w: x @ w, 2)
+    n = UPDATE_VALUES
+    p, g = put(walk(k * n)), put(walk(k * n, seed=2) / 1e3)
+    mu, nu = put(np.zeros(k * n, np.float32)), put(np.zeros(k * n, np.float32))
+
+    def adamw(p, g, mu, nu):  # reads four vectors, writes three
+        mu, nu = 0.9 * mu + 0.1 * g, 0.999 * nu + 0.001 * g * g
+        return p - 1e-3 * (mu / (jnp.sqrt(nu) + 1e-8) + 0.1 * p), mu, nu
+
+    update = mapped(adamw, 4, (spec,) * 3)
+    programs = {"matmul": lambda: matmul(a, b), "update": lambda: update(p, g, mu, nu)}
+    return programs, {"matmul": 2.0 * tok * width * ffn, "update": float(UPDATE_BYTES * n)}
+
+
+def compute_rates(repeats: int = 3, devices=None) -> dict:
+    """{"tflop_s", "memory_gb_s"} per device while every local device runs its own float32
+    matrix product (`MATMUL`) or AdamW update (`UPDATE_VALUES`) at once: the devices of this
+    machine share its cores, as the ranks of a step do."""
+    programs, work = compute_programs(devices)
+    times = rounds(programs, repeats)
+    return {
+        "tflop_s": float(work["matmul"] / min(times["matmul"]) / 1e12),
+        "memory_gb_s": float(work["update"] / min(times["update"]) / 1e9),
+    }
+
+
 def memory_gib(devices: int) -> float:
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
@@ -341,6 +404,9 @@ def profile(
         intra = dict(LOCAL_DEFAULTS["links"]["intra"])
         how = "links: jaxhc.plan.cluster.LOCAL_DEFAULTS (not measured; --links measures them)"
         link_keys = {"intra": intra}
+    rates = compute_rates(repeats)
+    compute = {"tflop_s": float(f"{rates['tflop_s']:.4g}"),
+               "memory_gb_s": float(f"{rates['memory_gb_s']:.4g}")}  # fmt: skip
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return {
         "name": "local",
@@ -349,7 +415,9 @@ def profile(
         "memory_gib": round(memory_gib(devices), 2),
         "links": link_keys,
         "codecs": codecs,
+        "compute": compute,
         "source": f"jaxhc profile: codecs measured ({mib:g} MiB float32 on each of {devices} "
-        f"devices at once, best of {repeats}); "
+        f"devices at once, best of {repeats}); compute measured (a float32 {MATMUL} matrix "
+        f"product and an AdamW update of {UPDATE_VALUES} values a device, at once); "
         f"{how}; load average {load}",
     }

@@ -11,8 +11,9 @@ default only the smallest tensor x pipe at which a plan fits is kept (more model
 always moves fewer data-axis bytes, and what it costs, compute efficiency and pipeline bubbles,
 is not in the model). A candidate that breaks a rule (tensor not dividing the
 heads, ...) is "invalid", one that does not fit the device memory "out of memory"; the rest are
-ranked by communication time (to 3 significant digits), then without recomputation first, then by
-memory.
+ranked by predicted step time where the cluster states ``compute`` rates (`jaxhc.plan.steptime`:
+compute + the communication not hidden), else by communication time (to 3 significant digits),
+then without recomputation first, then by memory.
 """
 
 from __future__ import annotations
@@ -20,24 +21,18 @@ from __future__ import annotations
 import dataclasses
 
 from jaxhc.plan.cluster import Cluster
-from jaxhc.plan.cost import (
-    Layout,
-    Memory,
-    check_layout,
-    codec_by_spec,
-    collectives,
-    comm_bytes,
-    comm_time,
-    memory,
-    trainable,
-)
+from jaxhc.plan.comm import comm_bytes, comm_time
+from jaxhc.plan.cost import Memory, codec_by_spec, collectives, memory
+from jaxhc.plan.layout import Layout, check_layout, trainable
 from jaxhc.plan.shapes import ModelShape
+from jaxhc.plan.steptime import step_time
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """A plan (`Layout`) with its predicted memory per device and communication per step, why it
-    does not fit (``rejected``, empty when it does) and whether `jaxhc train` takes it.
+    """A plan (`Layout`) with its predicted memory per device, communication per step and step
+    time (None without the cluster's ``compute`` rates), why it does not fit (``rejected``,
+    empty when it does) and whether `jaxhc train` takes it.
 
     >>> cluster = jaxhc.plan.cluster.local(devices=8, memory_gib=16)
     >>> best = jaxhc.plan.search(jaxhc.plan.load_shape("gpt2-small"), cluster, batch=8, seq=1024)[0]
@@ -51,6 +46,7 @@ class Candidate:
     comm_seconds: float
     rejected: str = ""  # "" when it fits
     trainable: str = ""
+    step_seconds: float | None = None  # compute + the communication not hidden
 
     @property
     def family(self) -> str:
@@ -144,15 +140,22 @@ def evaluate(
     rejected = ""
     if mem.total > cluster.memory:
         rejected = f"out of memory: {mem.total / 2**30:.1f} GiB > {cluster.memory / 2**30:.1f} GiB"
+    step = step_time(shape, lay, batch, seq, cluster, comms, ef)
     return Candidate(
-        lay, mem, comm_bytes(comms), comm_time(comms, cluster), rejected, trainable(shape, lay)
+        lay,
+        mem,
+        comm_bytes(comms),
+        comm_time(comms, cluster),
+        rejected,
+        trainable(shape, lay),
+        None if step is None else step.seconds,
     )
 
 
 def rank(rows: list[Candidate]) -> list[Candidate]:
     def key(c):
         # times equal to 3 significant digits (as printed) tie: then no recomputation, less memory
-        t = float(f"{c.comm_seconds:.3g}")
+        t = float(f"{c.comm_seconds if c.step_seconds is None else c.step_seconds:.3g}")
         return (
             bool(c.rejected),
             c.rejected.startswith("invalid"),
@@ -179,9 +182,9 @@ def search(
     transport: str = "xla",
 ) -> list[Candidate]:
     """The candidates, ranked (fitting ones first, fastest first). `model_parallel` "min" keeps
-    the smallest tensor x pipe at which a plan fits (the model counts communication only, so
-    more model parallelism always looks cheaper: it costs compute efficiency and pipeline
-    bubbles the model does not count); "all" keeps every size.
+    the smallest tensor x pipe at which a plan fits (without ``compute`` rates the model counts
+    communication only, so more model parallelism always looks cheaper: it costs compute
+    efficiency and pipeline bubbles); "all" keeps every size.
 
     >>> cluster = jaxhc.plan.cluster.local(devices=8, memory_gib=16)
     >>> rows = jaxhc.plan.search(jaxhc.plan.load_shape("gpt2-small"), cluster, batch=8, seq=1024,
@@ -230,8 +233,9 @@ def _gib(x: int) -> str:
 
 HEADER = (
     "| # | tensor | pipe | data | s_p | s_g | s_os | groups | codec | recompute | P | G | OS "
-    "| act | temp | total GiB | comm GB | comm s | family | trainable |"
+    "| act | temp | total GiB | comm GB | comm s | step s | family | trainable |"
 )
+SEPARATOR = "|" + "---:|" * 7 + "---|---|---|" + "---:|" * 9 + "---|---|"
 
 
 def row(i, c: Candidate) -> str:
@@ -243,8 +247,13 @@ def row(i, c: Candidate) -> str:
         f"{lay.grads} | {lay.optim} | {groups} | {lay.codec} | "
         f"{'yes' if lay.recompute else 'no'} | "
         + " | ".join(mem)
-        + f" | {c.comm_bytes / 1e9:.2f} | {c.comm_seconds:.3g} | {c.family} | {c.trainable} |"
+        + f" | {c.comm_bytes / 1e9:.2f} | {c.comm_seconds:.3g} | {_seconds(c.step_seconds)} | "
+        + f"{c.family} | {c.trainable} |"
     )
+
+
+def _seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
 
 
 def describe(lay: Layout, codec: bool = True) -> str:
@@ -273,7 +282,7 @@ def table(rows: list[Candidate], top: int = 10, rejected: int = 10) -> str:
     | # | tensor | pipe | data | s_p | s_g |
     """
     fits = [c for c in rows if not c.rejected]
-    lines = [HEADER, "|" + "---:|" * 7 + "---|---|---|" + "---:|" * 8 + "---|---|"]
+    lines = [HEADER, SEPARATOR]
     lines += [row(i + 1, c) for i, c in enumerate(fits[:top])]
     if not fits:
         lines.append("(no plan fits)")

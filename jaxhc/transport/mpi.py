@@ -157,6 +157,9 @@ class MpiTransport(Transport):
     """
 
     name = "mpi"
+    # raw bytes per pipelined segment of a compressed fused call (psum, psum_scatter,
+    # all_gather): its segments are encoded, sent and decoded in a pipeline
+    SEGMENT_BYTES = _mpi_fused.SEGMENT_BYTES
 
     def __init__(self, grid: ProcessGrid, *, psum: str = "exact"):
         import mpi4jax  # noqa: F401  (imports fail early, with mpi4jax's own message)

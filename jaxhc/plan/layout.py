@@ -1,0 +1,194 @@
+"""A plan as the planner sees it (`Layout`), the device's share of the model under it, and
+whether the plan can run at all (`check_layout`) and whether `jaxhc train` takes it.
+
+A plan: data x tensor x pipe devices (the mesh is data-major, pipe innermost, so a data rank's
+tensor x pipe devices sit next to each other), the AMSP sizes s_p <= s_g <= s_os over the data
+axis nested in `levels` (group sizes, innermost first, ending with data), the codec of the data
+levels that cross nodes, the precision and whether layers are recomputed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+
+from jaxhc.plan.shapes import ModelShape
+
+__all__ = [
+    "PRECISIONS",
+    "Layout",
+    "check_layout",
+    "device_params",
+    "device_segments",
+    "tokens_per_microbatch",
+    "trainable",
+]
+
+PRECISIONS = {  # bytes per value: params, grads (and what they move as), activations
+    "float32": (4, 4, 4),
+    "mixed": (2, 2, 2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One plan: the mesh, the AMSP sizes (s_p, s_g, s_os), the nested data groups, the codec on
+    the levels that cross nodes, precision, recomputation, gathering and transport.
+
+    >>> lay = jaxhc.plan.Layout(data=8, tensor=1, pipe=1, microbatches=1, params=1, grads=8,
+    ...                         optim=8, levels=(8,))       # jaxhc's ZeRO on a flat data axis
+    >>> lay.sizes
+    (1, 8, 8)
+    """
+
+    data: int
+    tensor: int
+    pipe: int
+    microbatches: int
+    params: int  # s_p
+    grads: int  # s_g
+    optim: int  # s_os
+    levels: tuple[int, ...]  # nested data group sizes, innermost first, ending with data
+    codec: str = "none"  # for the data levels whose group crosses nodes
+    precision: str = "float32"
+    recompute: bool = False
+    gather: str = "layer"  # float32, s_p > 1: ``mesh.shard.gather`` (per layer or whole)
+    transport: str = "xla"  # how the collectives run: "xla" or "mpi" (`--transport`)
+    overlap: bool = True  # ``train.overlap``: gradients reduced per layer in the backward
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether jaxhc's step (float32) gathers sharded parameters layer by layer."""
+        return self.params > 1 and self.precision == "float32" and self.gather == "layer"
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        return (self.params, self.grads, self.optim)
+
+    @property
+    def factors(self) -> tuple[int, ...]:
+        """The levels' own sizes, innermost first."""
+        return tuple(h // lo for lo, h in zip((1, *self.levels), self.levels, strict=False))
+
+    def axis(self, i: int) -> str:
+        """jaxhc's name of level i (0 innermost): "data" alone, else data.0 outermost."""
+        k = len(self.levels)
+        return "data" if k == 1 else f"data.{k - 1 - i}"
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """``mesh.shard.groups`` (the levels below data)."""
+        return self.levels[:-1]
+
+    def mesh_overrides(self) -> dict:
+        shard = {
+            "params": self.params,
+            "grads": self.grads,
+            "optim": self.optim,
+            "groups": list(self.groups),
+            "gather": self.gather,
+        }
+        return {
+            "data": self.data,
+            "tensor": self.tensor,
+            "pipe": self.pipe,
+            "microbatches": self.microbatches,
+            "shard": shard,
+        }
+
+
+@functools.lru_cache(maxsize=256)
+def _flat_layout(gpt, data: int, tensor: int, pipe: int):
+    from jaxhc.model.config import MeshConfig
+    from jaxhc.parallel.layout import FlatLayout
+
+    return FlatLayout(_param_shapes(gpt), MeshConfig(data=data, tensor=tensor, pipe=pipe))
+
+
+@functools.lru_cache(maxsize=16)
+def _param_shapes(gpt):
+    from jaxhc.model import gpt as gpt_model
+
+    return jax.eval_shape(functools.partial(gpt_model.init_params, gpt), 0)
+
+
+def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
+    """(parameters on the device, its padded flat vector): exact (jaxhc's layout) for a model
+    jaxhc trains in float32, else `ModelShape.device_params` padded to 4 x data."""
+    if shape.gpt is not None and lay.precision == "float32":
+        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
+        return fl.size, fl.padded
+    size = shape.device_params(lay.tensor, lay.pipe)
+    q = 4 * lay.data
+    return size, -(-size // q) * q
+
+
+def device_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
+    """(shared segment, one layer's segment, local layers) of the device's flat vector, padded
+    values (`jaxhc.parallel.layout.FlatLayout`): exact for a model jaxhc trains in float32."""
+    from jaxhc.parallel.layout import ALIGN
+
+    layers = shape.layers // lay.pipe
+    q = ALIGN * lay.data
+    if shape.gpt is not None and lay.precision == "float32":
+        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
+        return fl.shared_padded, fl.layer_padded, fl.layers
+    _, padded = device_params(shape, lay)
+    per_device = -(-shape.layer_params() // lay.tensor)
+    layer = -(-per_device // q) * q
+    return max(padded - layers * layer, 0), layer, layers
+
+
+def tokens_per_microbatch(lay: Layout, batch: int, seq: int) -> tuple[int, int]:
+    """(sequences, tokens) of one micro-batch on one data rank."""
+    b = batch // (lay.data * lay.microbatches)
+    return b, b * seq
+
+
+def check_layout(shape: ModelShape, lay: Layout, batch: int) -> str:
+    """Why the plan cannot run at all ("" when it can): one line naming the rule."""
+    if shape.heads % lay.tensor:
+        return f"tensor={lay.tensor} does not divide heads={shape.heads}"
+    if shape.layers % lay.pipe:
+        return f"pipe={lay.pipe} does not divide layers={shape.layers}"
+    if batch % (lay.data * lay.microbatches):
+        return (
+            f"batch {batch} is not divisible by data {lay.data} x microbatches {lay.microbatches}"
+        )
+    s_p, s_g, s_os = lay.sizes
+    if not (lay.data % s_os == 0 and s_os % s_g == 0 and s_g % s_p == 0):
+        return f"s_p={s_p} | s_g={s_g} | s_os={s_os} | data={lay.data} must each divide the next"
+    if s_g not in (s_p, s_os):
+        return f"s_g={s_g} must equal s_p={s_p} or s_os={s_os} (AMSP)"
+    for s in lay.sizes:
+        if s not in (1, *lay.levels):
+            return f"size {s} is not 1 or one of the levels {list(lay.levels)}"
+    if shape.gpt is not None:
+        from jaxhc.model.config import MeshConfig, validate
+
+        try:
+            validate(
+                shape.gpt,
+                MeshConfig(lay.data, lay.tensor, lay.pipe, lay.microbatches),
+                batch_size=batch,
+            )
+        except ValueError as e:
+            return str(e)
+    return ""
+
+
+def trainable(shape: ModelShape, lay: Layout) -> str:
+    """Whether `jaxhc train` takes the plan: "yes", or why not (the trainer's own refusal)."""
+    if shape.gpt is None:
+        return "shapes only"
+    from jaxhc.model.config import ShardConfig
+
+    try:
+        ShardConfig(*lay.sizes, groups=lay.groups).resolve(lay.data)
+    except ValueError as e:
+        return f"no: {e}"
+    if lay.precision != "float32":
+        return "not as counted (jaxhc trains float32)"
+    return "yes"
