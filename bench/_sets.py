@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["gpt_sets", "reference_sets"]
+__all__ = ["gpt_sets", "hf_gpt2_gradients", "reference_sets"]
 
 
 def gpt_sets(quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
@@ -38,6 +38,30 @@ def gpt_sets(quick: bool, seed: int = 0) -> dict[str, list[np.ndarray]]:
         "gpt gradients": leaves(grads),
         "gpt activations": list(np.asarray(acts, np.float32)),
     }
+
+
+def hf_gpt2_gradients(seed: int = 0) -> dict[str, list[np.ndarray]]:
+    """The gradients of a transformers GPT-2 (`FlaxGPT2LMHeadModel`, GPT-2's vocabulary of 50257
+    tokens and its tied head, 4 layers of width 256, random init, offline) on one corpus batch of
+    16 x 128 byte tokens: a second model's gradients, initialized and laid out by transformers."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import optax
+    import transformers
+
+    from jaxhc.data import Batches, corpus_bytes
+
+    config = transformers.GPT2Config(n_positions=128, n_embd=256, n_layer=4, n_head=4)
+    model = transformers.FlaxGPT2LMHeadModel(config, seed=seed)
+    tokens = jnp.asarray(Batches(corpus_bytes(), 16, 128, seed).train(0))
+
+    def loss(params):
+        logits = model(tokens[:, :-1], params=params).logits
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    grads = jax.grad(loss)(model.params)
+    return {"gpt-2 gradients": [np.asarray(a, np.float32) for a in jax.tree.leaves(grads)]}
 
 
 def reference_sets(n: int = 1 << 20, seed: int = 0) -> dict[str, list[np.ndarray]]:

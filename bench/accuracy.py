@@ -5,20 +5,23 @@ codec, with the one-thread encode/decode speed of the block quantizers (plain an
     .venv/bin/python bench/accuracy.py --quick     # seconds: bench/results/accuracy_quick.json
     .venv/bin/python bench/accuracy.py             # the full sets and 16M values for the speed
     .venv/bin/python bench/accuracy.py --speed-only --out bench/results/quant_speed.json
+    .venv/bin/python bench/accuracy.py --accuracy-only   # new accuracy rows, the speed rows kept
 
 `make bench` runs it as part of bench/codecs.py (the "accuracy" table of codecs.json).
 
-Data: `_sets.gpt_sets` (weights at init, gradients of one corpus batch, residual stream per
-block), each set in float32 and in bfloat16. Every array goes through the codec (or the cast) on
-its own, as a collective would send it. Beside them, the 4-bit codecs on i.i.d. references
+Data: `_sets.gpt_sets` (weights at init, gradients of one corpus batch, residual stream per block),
+each set in float32 and in bfloat16. Every array goes through the codec (or the cast) on its own,
+as a collective would send it. Beside them, the 4-bit codecs on i.i.d. references
 (`_sets.reference_sets`: Gaussian, Laplace, Student's t4; float32): the rotated codecs' error is
 that of the Lloyd-Max levels whatever the tails, plain q4's grows with them, so the ratio of the
-two says how heavy-tailed a set's blocks are. bits/value = payload bits over values of the whole set
-(ZFP: its rate, block padding included; q8/q4: codes + float32 scales + 8-byte padding; casts:
-the type's width). rel L2 = ||x - decoded|| / ||x|| over the set, max err = max |x - decoded|,
-max/absmax = max err / max |x| (float64 arithmetic on the values as given). Speed: q8/q4,
-q8:h/q4:h, q4:b1024:h and zfp:8:d3 encode and decode of --n values (a random walk) in a child
-pinned to one CPU with JAXHC_THREADS=1, GB/s of input (best of --repeats).
+two says how heavy-tailed a set's blocks are. And the gradients of a transformers GPT-2
+(`_sets.hf_gpt2_gradients`: GPT-2's vocabulary and tied head, 4 layers of width 256, float32; full
+run only) under q4 and q4:h at every block size from 64 to 1024. bits/value = payload bits over
+values of the whole set (ZFP: its rate, block padding included; q8/q4: codes + float32 scales +
+8-byte padding; casts: the type's width). rel L2 = ||x - decoded|| / ||x|| over the set, max err =
+max |x - decoded|, max/absmax = max err / max |x| (float64 arithmetic on the values as given).
+Speed: q8/q4, q8:h/q4:h, q4:b1024:h and zfp:8:d3 encode and decode of --n values (a random walk) in
+a child pinned to one CPU with JAXHC_THREADS=1, GB/s of input (best of --repeats).
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _common import fmt, gbps, markdown_table, print_table, time_codec, write_json
-from _sets import gpt_sets, reference_sets
+from _sets import gpt_sets, hf_gpt2_gradients, reference_sets
 
 from jaxhc.codecs import Codec, parse
 
-__all__ = ["CODECS", "Q4_CODECS", "accuracy", "one_thread_speed", "run", "speed"]
+__all__ = ["CODECS", "Q4_BLOCKS", "Q4_CODECS", "accuracy", "one_thread_speed", "run", "speed"]
 
 CODECS = (
     "zfp:4",
@@ -61,6 +64,9 @@ CODECS = (
     "fp16 cast",
 )
 Q4_CODECS = ("q4:b64", "q4:b64:h", "q4", "q4:h", "q4:b1024", "q4:b1024:h")
+# Every rotated block size beside plain q4 at the same size (the transformers GPT-2's gradients).
+Q4_BLOCKS = ("q4:b64", "q4:b64:h", "q4:b128", "q4:b128:h", "q4", "q4:h", "q4:b512", "q4:b512:h")
+Q4_BLOCKS += ("q4:b1024", "q4:b1024:h")
 DTYPES = ("float32", "bfloat16")
 SPEED_CODECS = ("q8", "q4", "q8:h", "q4:h", "q4:b1024:h", "zfp:8:d3")
 CASTS = {"bf16 cast": jnp.bfloat16, "fp16 cast": jnp.float16}
@@ -174,16 +180,22 @@ NOTES = [
     "block of 256 values turned by a fixed randomized Hadamard transform, then coded with the "
     "256 / 16 Lloyd-Max levels of a Gaussian scaled by the block's RMS (the last block of each "
     "array padded to 256 codes); q4:b64 / q4:b1024 (:h): blocks of 64 / 1024. gaussian, "
-    "laplace, student t4: 2^20 i.i.d. values of each (float32), 4-bit codecs only.",
+    "laplace, student t4: 2^20 i.i.d. values of each (float32), 4-bit codecs only. gpt-2 "
+    "gradients: a transformers FlaxGPT2LMHeadModel (vocabulary 50257, 4 layers of width 256, "
+    "random init) on 16 x 128 corpus tokens, q4 and q4:h at blocks of 64 to 1024.",
     "GB/s: 1e9 bytes of input per second, one CPU, JAXHC_THREADS=1, random walk data.",
 ]
 
 
-def run(quick: bool, n: int, repeats: int, dtypes=DTYPES) -> dict:
-    """The accuracy records, the speed records and the table (printed and as markdown)."""
+def run(quick: bool, n: int, repeats: int, dtypes=DTYPES, speeds=None) -> dict:
+    """The accuracy records, the speed records and the table (printed and as markdown);
+    `speeds`: speed records to show instead of measuring them."""
     records = accuracy(gpt_sets(quick), dtypes)
     records += accuracy(reference_sets(), ("float32",), Q4_CODECS)
-    speeds = one_thread_speed(n, repeats, dtypes)
+    if not quick:
+        records += accuracy(hf_gpt2_gradients(), ("float32",), Q4_BLOCKS)
+    if speeds is None:
+        speeds = one_thread_speed(n, repeats, dtypes)
     rows = table(records, speeds)
     title = "codec accuracy on jaxhc's GPT tensors (q8/q4, q8:h/q4:h, zfp:8:d3 speed: one thread)"
     print_table(title, COLUMNS, rows, NOTES)
@@ -199,6 +211,11 @@ def main(argv=None) -> None:
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
     ap.add_argument("--quick", action="store_true", help="a smaller GPT, 1M values, 2 repeats")
     ap.add_argument("--speed-only", action="store_true", help="the one-thread speed rows alone")
+    ap.add_argument(
+        "--accuracy-only",
+        action="store_true",
+        help="the accuracy rows anew, the speed rows (and n, repeats) kept from --out's file",
+    )
     ap.add_argument("--out", help="JSON path (default bench/results/accuracy[_quick].json)")
     ap.add_argument("--speed-child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -216,8 +233,19 @@ def main(argv=None) -> None:
         out = args.out or "bench/results/quant_speed.json"
         write_json(out, {"n": args.n, "repeats": args.repeats, "speed": speeds})
         return
-    result = run(args.quick, args.n, args.repeats, args.dtypes)
     out = args.out or f"bench/results/accuracy{'_quick' if args.quick else ''}.json"
+    speeds = None
+    if args.accuracy_only:
+        if not os.path.exists(out):
+            raise SystemExit(f"--accuracy-only: {out} does not exist (its speed rows are kept)")
+        with open(out) as f:
+            kept = json.load(f)
+        speeds, args.n, args.repeats = kept["speed"], kept["n"], kept["repeats"]
+    result = run(args.quick, args.n, args.repeats, args.dtypes, speeds)
+    if args.accuracy_only:  # where the kept speed rows were measured
+        result["speed_measured_by"] = kept.get("speed_measured_by") or {
+            k: kept.get(k) for k in ("command", "machine")
+        }
     write_json(out, {"n": args.n, "repeats": args.repeats, "quick": args.quick, **result})
 
 

@@ -31,6 +31,10 @@ reached by bfloat16 activations). The presets give 16-bit floats rate 12 where f
 asks the trainer to carry error-feedback residuals for that axis' ``grad`` traffic (see
 `jaxhc.psum` ``residual=``). It needs a lossy grad codec: on a lossless one the residual would stay
 zero forever, so asking for it there is a configuration error rather than silent dead state.
+Two more keys of the data axis shape what the trainer sends: ``keep_own: true`` (with
+``error_feedback``) sums each rank's own slice of a gradient reduce-scatter uncoded, as it never
+travels, and ``param_delta: true`` (with a lossy ``param`` codec) makes the ZeRO parameter
+gathers send each chunk's change since the last gathered copy.
 
 A codec entry is a spec string (``"zfp:8"``, ``"zfp:8:d3"``, ``"q8"``, ``"mpc:0.8"``, ``"none"`` =
 the identity codec through jaxhc's algorithms), a mapping ``{codec: zfp|q8|q4|mpc|none, rate:,
@@ -82,6 +86,8 @@ class AxisPolicy:
     codec: Codec | None
     overrides: tuple[tuple[str, Codec | None], ...] = ()
     error_feedback: bool = False  # carry residuals of this axis' lossy grad traffic
+    keep_own: bool = False  # a rank's own slice of a grad reduce-scatter is summed uncoded
+    param_delta: bool = False  # param gathers send the change since the last gathered copy
     # Per-dtype codecs: (kind, or "" for the axis entry; dtype name; codec).
     dtypes: tuple[tuple[str, str, Codec | None], ...] = ()
 
@@ -159,11 +165,23 @@ class Policy:
     def error_feedback(self, axis_name) -> bool:
         """Whether ``grad`` traffic over `axis_name` (a name or tuple) carries error feedback: some
         listed axis asks for it and the chosen grad codec is lossy."""
-        names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
-        entries = [self._entry(a)[0] for a in names]
-        asked = any(e.error_feedback for e in entries if e)
         codec = self.codec_for(axis_name, "grad", jnp.float32)  # the trainer's gradients
-        return asked and codec is not None and not codec.lossless
+        return self._asked(axis_name, "error_feedback") and codec is not None and not codec.lossless
+
+    def keep_own(self, axis_name) -> bool:
+        """Whether the trainer's error-feedback gradient reduce-scatters over `axis_name` add each
+        rank's own slice uncoded (``keep_own: true``; only with error feedback there)."""
+        return self._asked(axis_name, "keep_own") and self.error_feedback(axis_name)
+
+    def param_delta(self, axis_name) -> bool:
+        """Whether the trainer's parameter gathers over `axis_name` send each chunk's change since
+        the last gathered copy (``param_delta: true``) through a lossy param codec."""
+        codec = self.codec_for(axis_name, "param", jnp.float32)
+        return self._asked(axis_name, "param_delta") and codec is not None and not codec.lossless
+
+    def _asked(self, axis_name, key: str) -> bool:
+        names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+        return any(getattr(e, key) for e in (self._entry(a)[0] for a in names) if e)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Policy:
@@ -222,8 +240,9 @@ class Policy:
             for kind, codec in ap.overrides:
                 per_dtype = {d: _spec(c) for k, d, c in ap.dtypes if k == kind}
                 entry[kind] = {"codec": _spec(codec), **per_dtype} if per_dtype else _spec(codec)
-            if ap.error_feedback:
-                entry["error_feedback"] = True
+            for key in _FLAGS:
+                if getattr(ap, key):
+                    entry[key] = True
             axes[axis] = entry
         return {"name": self.name, "min_bytes": self.min_bytes, "axes": axes}
 
@@ -308,12 +327,13 @@ def _check_saving(codec: Codec | None, dtype, where: str) -> None:
 
 
 def _axis_policy(entry: Any, where: str) -> AxisPolicy:
-    overrides, dtypes, feedback = [], [], False
+    overrides, dtypes, flags = [], [], dict.fromkeys(_FLAGS, False)
     if isinstance(entry, Mapping):
         entry = dict(entry)
-        feedback = entry.pop("error_feedback", False)
-        if not isinstance(feedback, bool):
-            raise ValueError(f"{where}.error_feedback: expected true or false, got {feedback!r}")
+        for key in _FLAGS:
+            flags[key] = entry.pop(key, False)
+            if not isinstance(flags[key], bool):
+                raise ValueError(f"{where}.{key}: expected true or false, got {flags[key]!r}")
         for kind in KINDS:
             if kind in entry:
                 codec, per_dtype = _entry(entry.pop(kind), f"{where}.{kind}")
@@ -326,13 +346,19 @@ def _axis_policy(entry: Any, where: str) -> AxisPolicy:
                 )
     codec, per_dtype = _entry(entry, where)
     dtypes = [("", d, c) for d, c in per_dtype] + dtypes
-    axis = AxisPolicy(codec, tuple(overrides), error_feedback=feedback, dtypes=tuple(dtypes))
-    grad = axis.codec_for("grad", jnp.float32)
-    if feedback and (grad is None or grad.lossless):
-        raise ValueError(
-            f"{where}.error_feedback: needs a lossy grad codec (zfp, q8, q4), not {_spec(grad)!r}"
-        )
+    axis = AxisPolicy(codec, tuple(overrides), dtypes=tuple(dtypes), **flags)
+    for key, kind in (("error_feedback", "grad"), ("param_delta", "param")):
+        chosen = axis.codec_for(kind, jnp.float32)
+        if flags[key] and (chosen is None or chosen.lossless):
+            raise ValueError(
+                f"{where}.{key}: needs a lossy {kind} codec (zfp, q8, q4), not {_spec(chosen)!r}"
+            )
+    if flags["keep_own"] and not flags["error_feedback"]:
+        raise ValueError(f"{where}.keep_own: needs error_feedback: true on the same axis")
     return axis
+
+
+_FLAGS = ("error_feedback", "keep_own", "param_delta")
 
 
 def _spec(codec: Codec | None) -> str:

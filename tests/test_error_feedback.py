@@ -251,3 +251,105 @@ def test_trees_and_bad_residuals():
         with pytest.raises(ValueError) as err:
             ef_call(mesh, axis, fn, x, r, check_vma=False)
         assert culprit in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+# --- the trainer's options: keep_own (reduce-scatter) and param_delta (parameter gathers) -------
+
+
+def _policy(**data):
+    return jaxhc.Policy.from_dict({"name": "t", "min_bytes": 0, "axes": {"data": data}})
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_keep_own_sums_the_own_slice_uncoded_and_codes_only_what_is_sent(parts):
+    """zero.scatter_levels under ``keep_own``: rank i's slice of the result is the other ranks'
+    zfpy-decoded slices i (their residuals what zfp lost of them) plus its own slice exact, and
+    its own slice's residual is zero."""
+    from jaxhc.parallel import zero
+
+    mesh, _ = mesh_of(f"1d{parts}")
+    mesh = jax.sharding.Mesh(mesh.devices, ("data",))
+    x, r = data(parts, (parts * 40,), seed=20 + parts)
+    policy = _policy(codec=f"zfp:{RATE}", error_feedback=True, keep_own=True)
+
+    def fn(a, res):
+        with jaxhc.context.use(policy=policy):
+            out, new = zero.scatter_levels(a[0], [("data", parts)], [res[0]])
+        return out[None], new[0][None]
+
+    out, new = ef_call(mesh, "data", fn, x, r)
+    out = out.reshape(parts, -1)
+    y = (x + r).reshape(parts, parts, -1)  # (rank, slice, values)
+    for i in range(parts):
+        sent = y[i].copy()
+        sent[i] = 0.0
+        decoded = zfpy_rows(sent)
+        want = sent - decoded
+        np.testing.assert_array_equal(new[i].reshape(parts, -1), want)
+        assert not new[i].reshape(parts, -1)[i].any()
+    for i in range(parts):
+        total = np.zeros_like(out[i])
+        for j in range(parts):  # rank order, float32; the own row arrives as coded zeros
+            row = np.zeros_like(out[i]) if j == i else zfpy_rows(y[j])[i]
+            total = total + row
+        np.testing.assert_array_equal(out[i], total + y[i, i])
+    # Nothing is lost for good: the results and the new residuals hold every input.
+    got = out.reshape(-1).astype(np.float64) + new.astype(np.float64).sum(0)
+    np.testing.assert_allclose(got, (x + r).astype(np.float64).sum(0), atol=2e-5)
+
+
+def test_keep_own_and_param_delta_keys_are_checked_in_one_line():
+    cases = [
+        ({"codec": "zfp:8", "keep_own": True}, "axes.data.keep_own: needs error_feedback: true"),
+        ({"codec": "zfp:8", "error_feedback": True, "keep_own": 1}, "keep_own: expected true"),
+        ({"codec": "q4:h", "param_delta": "yes"}, "axes.data.param_delta: expected true or false"),
+        ({"codec": "q4:h", "param": "mpc", "param_delta": True}, "lossy param codec (zfp, q8, q4)"),
+    ]
+    for entry, culprit in cases:
+        with pytest.raises(ValueError) as err:
+            _policy(**entry)
+        assert culprit in str(err.value) and "\n" not in str(err.value), str(err.value)
+    policy = _policy(codec="q4:h", error_feedback=True, keep_own=True, param_delta=True)
+    assert policy.keep_own("data") and policy.param_delta("data")
+    assert jaxhc.Policy.from_dict(policy.to_dict()) == policy
+    assert not policy.keep_own("tensor") and not policy.param_delta("tensor")
+    from _gpt import CFG
+
+    from jaxhc.model.config import MeshConfig, ShardConfig
+    from jaxhc.parallel.state import Plan
+
+    sharded = MeshConfig(2, 1, 1, 1, shard=ShardConfig(params=2))
+    with pytest.raises(ValueError, match=r"param_delta needs replicated parameters, not mesh"):
+        Plan(CFG, sharded, policy=policy)
+
+
+def test_param_delta_keeps_the_gathered_copy_near_the_master_copy():
+    """ZeRO with 4-bit parameter gathers: sending each step's change keeps the parameters the
+    ranks compute with within the coding error of one change of the exact (master) ones, far
+    closer than gathering the 4-bit parameters themselves, and the same bits on every rank."""
+    from _gpt import CFG, OPTIM, SEED, batch
+
+    from jaxhc.model import MeshConfig
+    from jaxhc.parallel import init_state, make_mesh, make_train_step
+    from jaxhc.parallel.state import Plan
+
+    mesh_cfg = MeshConfig(2, 1, 1, 1)
+    mesh = make_mesh(mesh_cfg, jax.devices()[:2])
+    layout = Plan(CFG, mesh_cfg).layout
+    gaps = {}
+    for delta in (False, True):
+        policy = _policy(codec="q4:b64:h", param_delta=delta)
+        step = make_train_step(CFG, mesh_cfg, OPTIM, mesh, policy)
+        state = init_state(CFG, mesh_cfg, OPTIM, mesh, SEED)
+        for i in range(3):
+            state, _ = step(state, batch(i, size=8))
+        master = np.asarray(state.opt_state["master"]).reshape(-1)
+        copies = [
+            np.asarray(
+                layout.flatten(jax.tree.map(lambda a, d=d: a.addressable_data(d), state.params))
+            )
+            for d in range(2)
+        ]
+        np.testing.assert_array_equal(copies[0], copies[1])
+        gaps[delta] = np.linalg.norm(copies[0] - master) / np.linalg.norm(master)
+    assert gaps[True] < gaps[False] / 20, gaps  # measured: 0.0034 vs 0.107

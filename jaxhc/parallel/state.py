@@ -56,6 +56,7 @@ class Plan:
         self.layout = FlatLayout(self.param_shapes, mesh_cfg)
         self.shard = ShardPlan.of(mesh_cfg)
         self.error_feedback = error_feedback(policy, mesh_cfg)
+        self.param_delta = param_delta(policy, mesh_cfg, self.shard)
         # The parameters as the train state holds them: the single-layout tree, or with sharded
         # parameters (s_p > 1) each device's 1/s_p chunk of its flat vector.
         self.param_chunk = self.layout.padded // self.shard.params
@@ -178,6 +179,21 @@ def error_feedback(policy, mesh_cfg: MeshConfig) -> bool:
                 "trainer (only axes.data.error_feedback)"
             )
     return mesh_cfg.data > 1 and policy.error_feedback("data")
+
+
+def param_delta(policy, mesh_cfg: MeshConfig, shard: ShardPlan) -> bool:
+    """Whether the parameter gathers send changes since the last gathered copy (the policy's
+    ``param_delta`` on "data", which has ranks to gather from). The copy is the replicated
+    parameter tree, so sharded parameters (s_p > 1), which no rank holds whole, are refused."""
+    policy = context.as_policy(policy)
+    if policy is None or mesh_cfg.data == 1 or not policy.param_delta("data"):
+        return False
+    if shard.sharded_params:
+        raise ValueError(
+            f"policy {policy.name}: axes.data.param_delta needs replicated parameters, not "
+            f"mesh.shard.params={shard.params}"
+        )
+    return True
 
 
 def make_mesh(mesh_cfg: MeshConfig, devices=None) -> Mesh:

@@ -335,8 +335,9 @@ def per_shard_train_step(
         observed = fidelity.sample(
             state.step, fidelity_every, chunk, start, local, exact_chunk, layout, shard
         )
+        previous = state.params if plan.param_delta else None
         params, opt_state, grad_norm, lr = zero.update(
-            opt_state, g, state.step, layout, optim_cfg, shard, before
+            opt_state, g, state.step, layout, optim_cfg, shard, before, previous
         )
         if shard.sharded_params:
             params = params.reshape(1, 1, -1)

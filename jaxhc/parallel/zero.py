@@ -105,17 +105,34 @@ def scatter_levels(flat, steps, residuals=None, codecs=None):
     """Reduce-scatter `flat` over each (axis, size) of `steps` in turn (``kind="grad"``); with
     `residuals` (one per step, error feedback), (flat, new residuals). `codecs` (one per step):
     the codec each call compresses with (None: the policy's choice for `flat` itself)."""
-    new = []
-    for i, (axis, _) in enumerate(steps):
+    new, policy = [], context.policy()
+    for i, (axis, size) in enumerate(steps):
         codec = None if codecs is None else codecs[i]
         if residuals is None:
             flat = jaxhc.psum_scatter(flat, axis, tiled=True, kind="grad", codec=codec)
+        elif policy is not None and policy.keep_own(axis):
+            flat, r = _scatter_keeping_own(flat, axis, size, codec, residuals[i])
+            new.append(r)
         else:
             flat, r = jaxhc.psum_scatter(
                 flat, axis, tiled=True, kind="grad", codec=codec, residual=residuals[i]
             )
             new.append(r)
     return flat if residuals is None else (flat, new)
+
+
+def _scatter_keeping_own(flat, axis, size, codec, residual):
+    """Error feedback with ``keep_own``: the rank's own slice of ``flat + residual`` never
+    travels, so it is sent as zeros (which every lossy codec codes exactly) and added uncoded to
+    the reduced slice; only the slices sent to the other ranks are coded and leave residuals."""
+    n = flat.shape[0] // size
+    at = jaxhc.axis_index(axis) * n
+    own = lax.dynamic_slice_in_dim(flat, at, n) + lax.dynamic_slice_in_dim(residual, at, n)
+    zeros = jnp.zeros((n,), flat.dtype)
+    flat = lax.dynamic_update_slice_in_dim(flat, zeros, at, 0)
+    residual = lax.dynamic_update_slice_in_dim(residual, zeros.astype(residual.dtype), at, 0)
+    out, r = jaxhc.psum_scatter(flat, axis, tiled=True, kind="grad", codec=codec, residual=residual)
+    return out + own, lax.dynamic_update_slice_in_dim(r, zeros.astype(r.dtype), at, 0)
 
 
 def whole_codecs(layout: FlatLayout, shard: ShardPlan | None, dtype=jnp.float32) -> dict:
@@ -382,7 +399,9 @@ def reduce(grads, opt_state, layout: FlatLayout, shard: ShardPlan, scattered=0, 
     return g, {**opt_state, "residual": jnp.concatenate([*done, *new])}
 
 
-def update(opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, shard, before=None):
+def update(
+    opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, shard, before=None, previous=None
+):
     """One AdamW step on the reduced chunk `g` of `reduce`: (new params, new opt_state,
     grad_norm, lr). Per shard: the rank updates its optimizer-state chunk (a slice of `g`), and
     the chunks are all-gathered over the optimizer-state group, outermost sub-axis first; with
@@ -395,7 +414,14 @@ def update(opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, shard, befo
     A step whose gradient norm is not finite (NaN/Inf on any rank reaches every rank's norm, so all
     ranks agree) is skipped: parameters, moments, master copy and residual stay as they were in
     `before` (the opt_state given to `reduce`; default `opt_state`). The lossy codecs' agreed
-    fallback kept the NaN off their encoders."""
+    fallback kept the NaN off their encoders.
+
+    `previous` (the policy's ``param_delta``; unsharded parameters): the parameter tree the ranks
+    computed with this step, identical on every rank. Each rank then sends the change of its
+    chunk since that copy (its master chunk minus the copy's chunk) and every rank adds the
+    gathered, decoded changes to its copy: the same values everywhere, and what the param codec
+    loses of one change is part of the next one, so the copy stays within one change's coding
+    error of the master copy instead of the coding error of the parameters themselves."""
     norm = global_norm(*finest(g, layout, shard), layout, all_axes(shard))
     finite = jnp.isfinite(norm)
     size = layout.padded // shard.optim
@@ -417,7 +443,12 @@ def update(opt_state, g, step, layout: FlatLayout, cfg: OptimConfig, shard, befo
     kept = opt_state if before is None else before
     opt_state = lax.cond(finite, apply, lambda *_: kept, opt_state, g)
     p = opt_state["master"]
-    for axis in shard.optim_axes:  # up to the parameter chunk (its axes are the inner ones)
-        if axis not in shard.param_axes and jaxhc.axis_size(axis) > 1:
-            p = jaxhc.all_gather(p, axis, tiled=True, kind="param")
+    axes = [a for a in shard.optim_axes if a not in shard.param_axes and jaxhc.axis_size(a) > 1]
+    if previous is not None and axes:
+        copy = layout.flatten(previous)
+        p = p - lax.dynamic_slice_in_dim(copy, start, size)
+    for axis in axes:  # up to the parameter chunk (its axes are the inner ones)
+        p = jaxhc.all_gather(p, axis, tiled=True, kind="param")
+    if previous is not None and axes:
+        p = copy + p
     return (p if shard.sharded_params else layout.unflatten(p)), opt_state, norm, lr
