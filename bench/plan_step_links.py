@@ -52,6 +52,7 @@ RUNS = (
     "train_links_overlap_none.json",
     "train_links_peer_p2.json",
     "train_links_peer_p4.json",
+    "train_links_peer.json",
 )
 CONFIG = os.path.join(ROOT, "configs", "experiments", "links.yaml")
 QUIET = 4.0  # 1-minute load average at the start: two runnable jobs per core
@@ -78,8 +79,11 @@ def link(hosts: int, rate: str) -> dict:
     return {"gbit_s": moved * 8 / seconds / 1e9, "latency_us": latency}
 
 
-def cluster(hosts: int, rate: str, compute: dict) -> clusters.Cluster:
+def cluster(hosts: int, rate: str, profile: dict) -> clusters.Cluster:
+    """`profile`: the cluster file given for P (its compute rates, and its codec speeds for
+    the codecs the link calibration did not measure)."""
     speeds = _load(f"plan_links_p{hosts}.json")["calibration"]["zfp:8"]
+    compute = profile["compute"]
     figures = link(hosts, rate)
     return clusters.from_dict(
         {
@@ -88,7 +92,7 @@ def cluster(hosts: int, rate: str, compute: dict) -> clusters.Cluster:
             "devices_per_node": 1,
             "memory_gib": 1,
             "links": {"intra": figures, "inter": figures},
-            "codecs": {"zfp:8": speeds},
+            "codecs": {**profile.get("codecs", {}), "zfp:8": speeds},
             "compute": compute,
         }
     )
@@ -151,7 +155,8 @@ def rows(compute: dict) -> list[dict]:
 
 
 def parse_compute(text: str) -> dict:
-    """{P: the ``compute`` mapping of the cluster file given for P} from "2=FILE,4=FILE"."""
+    """{P: the compute rates and codec speeds of the cluster file given for P, and its path}
+    from "2=FILE,4=FILE"."""
     out = {}
     for item in text.split(","):
         hosts, _, path = item.partition("=")
@@ -159,7 +164,7 @@ def parse_compute(text: str) -> dict:
             data = yaml.safe_load(f)
         if "compute" not in (data or {}):
             raise SystemExit(f"--compute: {path} has no compute key (`jaxhc profile` writes it)")
-        out[int(hosts)] = {**data["compute"], "source": path}
+        out[int(hosts)] = {"compute": data["compute"], "codecs": data.get("codecs", {}), "file": path}
     return out
 
 
@@ -171,8 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(RESULTS, "plan_step_links.json"))
     args = ap.parse_args(argv)
     compute = parse_compute(args.compute)
-    rates = {p: {k: v for k, v in c.items() if k != "source"} for p, c in compute.items()}
-    table = rows(rates)
+    table = rows(compute)
     within = sum(r["within_25pct"] for r in table)
     quiet = [r for r in table if r["load_average_at_start"][0] <= QUIET]
     for r in table:
