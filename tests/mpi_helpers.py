@@ -60,7 +60,8 @@ CODECS = {
     "mpc": "mpc",
     "mpc0.9": "mpc:0.9",
     "zfp8": "zfp:8",
-    "q8": "q8",  # no fused MPI call: the unfused algorithms over the MPI transport
+    "q8": "q8",
+    "q8sr": "q8:sr",  # no fused MPI call: the unfused algorithms over the MPI transport
 }
 
 

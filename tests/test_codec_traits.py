@@ -60,7 +60,12 @@ def test_native_calls_are_the_engines_parameters():
     assert Zfp(rate=16).native_call(jnp.float64) == NativeCall("zfp", 64, 1, 0.0)
     assert Mpc(dim=3, budget=0.9).native_call(jnp.float32) == NativeCall("mpc", 0, 3, 0.9)
     assert Mpc().native_call(jnp.float32) == NativeCall("mpc", 0, 1, 0.0)
-    assert Quant(bits=8).native_call(jnp.float32) is None
+    assert Quant(bits=8).native_call(jnp.float32) == NativeCall("quant", 0, 0, 0.0, 8, 256)
+    assert Quant(4, 64, rotate=True).native_call(jnp.bfloat16) == NativeCall(
+        "quant:h", 0, 0, 0.0, 4, 64
+    )
+    assert Quant(bits=8).native_call(jnp.float16) is None  # the engine takes no float16
+    assert Quant(bits=8, stochastic=True).native_call(jnp.float32) is None  # draws keyed by row
     assert Identity().native_call(jnp.float32) is None
     with pytest.raises(ValueError, match="out of range for float32"):
         Zfp(rate=40).native_call(jnp.float32)

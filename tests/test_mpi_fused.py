@@ -3,10 +3,12 @@
 The fused psum / psum_scatter / all_gather run the whole algorithm in one native call, cut into
 segments that overlap encoding, the wire and decoding. Here the segments are made small so every
 case spans many of them, with lengths that leave partial chunks, blocks and segments, in float32,
-bfloat16 and float64, plain and ZFP; a NaN in the last segment of one rank (the whole call goes
-plain on every rank), and sums that overflow (the gather phase goes plain). Rank 0 computes the
-reference with the XLA transport on simulated devices; every rank checks its block bitwise and that
-the fused call really ran.
+bfloat16 and float64, plain, ZFP, MPC and the block quantizers (q8, q4, rotated q8:h / q4:h); a
+NaN in the last segment of one rank (the whole call goes plain on every rank), and sums that
+overflow (the gather phase goes plain). Rank 0 computes the reference with the XLA transport on
+simulated devices; every rank checks its block bitwise and that the fused call really ran. Under
+the fixed-size codecs the wire bytes a rank reports are what the engine's messages hold: each
+segment's own payload (the codec's size for its values) behind an 8-byte header.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ h.skip_unless_fused_under_mpirun()
 from mpi4py import MPI  # noqa: E402
 
 import jaxhc  # noqa: E402
+from jaxhc.codecs import parse  # noqa: E402
 from jaxhc.partition import local_block  # noqa: E402
 from jaxhc.transport import _mpi_fused  # noqa: E402
 
@@ -66,6 +69,8 @@ def _input(rows_per_rank, cols, dtype, case, seed=0):
         x[:, : cols // 2] = 3e38
     if case == "mixed":  # rows MPC compresses well between rows of noise: coded and raw segments
         x[::2] = np.arange(x[::2].size).reshape(-1, cols) % 1000
+    if case == "huge":  # finite, but past what a rotated quantizer codes (2^116)
+        x[-1, -1] = 1e36
     return x.astype(dtype)
 
 
@@ -75,14 +80,37 @@ def _traffic(run):
     return out, ledger.per_axis(devices=1).get("x", {})
 
 
+# Values per segment boundary of the fixed-size codecs in the engine (ffi/mpi/codecs.h: align()).
+ALIGN = {"zfp": lambda call: 64 << (2 * call.dim), "quant": lambda call: call.block}
+ALIGN["quant:h"] = ALIGN["quant"]
+
+
+def _engine_wire(collective, codec, dtype, size):
+    """Bytes a rank's messages hold in a fused call without fallback on `size` local values,
+    counted from the codec's own payload size per segment (not from the engine): 8-byte headers,
+    and psum_scatter's agreement (an int32 to each other rank)."""
+    codec = parse(codec)
+    call, itemsize = codec.native_call(dtype), np.dtype(dtype).itemsize
+    align = ALIGN[call.family](call)
+    per = {"psum": -(-size // SIZE), "psum_scatter": size // SIZE, "all_gather": size}[collective]
+    m = per if collective == "all_gather" else -(-per // 4) * 4  # rows padded as to_rows does
+    seg = max(align, -(-(_mpi_fused.SEGMENT_BYTES // itemsize) // align) * align)
+    counts = [min(seg, m - b) for b in range(0, m, seg)]
+    message = sum(8 + codec.payload_bytes(c, dtype) for c in counts)
+    phases = 2 if collective == "psum" else 1
+    agree = 4 * (SIZE - 1) if collective == "psum_scatter" else 0
+    return phases * (SIZE - 1) * message + agree
+
+
 def _check(collective, codec, dtype, rows_per_rank, cols, case="plain"):
     x = _input(rows_per_rank, cols, dtype, case)
     xla, launcher, mpi, body = _programs(collective, codec)
-    ref = fallbacks_ref = None
+    ref = fallbacks_ref = wire_ref = None
     if RANK == 0:
         out, traffic = _traffic(lambda: xla(x))
         ref, fallbacks_ref = np.asarray(out), traffic["fallbacks"] / SIZE
-    ref, fallbacks_ref = WORLD.bcast((ref, fallbacks_ref), root=0)
+        wire_ref = traffic["wire_bytes"] / SIZE
+    ref, fallbacks_ref, wire_ref = WORLD.bcast((ref, fallbacks_ref, wire_ref), root=0)
     xin = launcher.put(x, P("x"))
     with jaxhc.transport.use(launcher.transport):
         hlo = jax.jit(body).lower(xin).as_text()
@@ -102,6 +130,14 @@ def _check(collective, codec, dtype, rows_per_rank, cols, case="plain"):
         fallbacks_ref = float(codec != "mpc")  # the noise rows go raw over a budget, if any
     if fallbacks != fallbacks_ref:
         bad.append(f"{collective} {codec} {case}: fallbacks {fallbacks} vs XLA's {fallbacks_ref}")
+    if codec and not fallbacks and parse(codec).native_call(dtype).family != "mpc":
+        # what moved: XLA's payloads (whole rows), cut into segments with a header each
+        want_wire = _engine_wire(collective, codec, dtype, x.size // SIZE)
+        if not wire_ref <= traffic["wire_bytes"] == want_wire:
+            bad.append(
+                f"{collective} {codec} {case}: wire {traffic['wire_bytes']}, engine's messages "
+                f"{want_wire}, XLA's payloads {wire_ref}"
+            )
     everyone = WORLD.allgather(bad)
     lines = [f"rank {r}: {k}" for r, ks in enumerate(everyone) for k in ks]
     assert not lines, "\n".join(lines)
@@ -115,12 +151,12 @@ def _small_segments(monkeypatch):
 
 
 SHAPES = [(1, 1), (1, 7), (3, 339), (8, 1000)]  # per rank: tiny, partial blocks, many segments
+CODECS = [None, "zfp:8", "zfp:13.5", "zfp:8:d3", "zfp:5:d2", "mpc", "mpc:0.9:dim=2"]
+QUANT = ["q8", "q4:b64", "q8:b1536", "q8:h", "q4:h"]  # q8:b1536: blocks across segment bounds
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-@pytest.mark.parametrize(
-    "codec", [None, "zfp:8", "zfp:13.5", "zfp:8:d3", "zfp:5:d2", "mpc", "mpc:0.9:dim=2"]
-)
+@pytest.mark.parametrize("codec", CODECS + QUANT)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fused_matches_xla_float32(collective, codec, shape):
     rows = shape[0] * (SIZE if collective == "psum_scatter" else 1)  # whole tiles to scatter
@@ -128,7 +164,7 @@ def test_fused_matches_xla_float32(collective, codec, shape):
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-@pytest.mark.parametrize("codec", [None, "zfp:8", "zfp:8:d3", "mpc"])
+@pytest.mark.parametrize("codec", [None, "zfp:8", "zfp:8:d3", "mpc", "q8", "q8:h", "q4:h"])
 def test_fused_matches_xla_bfloat16(collective, codec):
     import ml_dtypes
 
@@ -143,7 +179,7 @@ def test_fused_matches_xla_float64(codec):
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-@pytest.mark.parametrize("codec", ["zfp:8", "zfp:8:d3"])
+@pytest.mark.parametrize("codec", ["zfp:8", "zfp:8:d3", "q8", "q4:h"])
 def test_nan_on_one_rank_makes_every_rank_plain(collective, codec):
     rows = 8 * (SIZE if collective == "psum_scatter" else 1)
     _check(collective, codec, np.float32, rows, 1000, case="nan")
@@ -156,12 +192,19 @@ def test_mpc_mixes_coded_and_raw_segments(collective, codec):
     _check(collective, codec, np.float32, rows, 1000, case="mixed")
 
 
-def test_overflowing_sum_gathers_plain():
-    _check("psum", "zfp:8", np.float32, 8, 1000, case="overflow")
+@pytest.mark.parametrize("collective", sorted(TARGETS))
+def test_a_value_rotation_cannot_code_makes_every_rank_plain(collective):
+    rows = 8 * (SIZE if collective == "psum_scatter" else 1)
+    _check(collective, "q8:h", np.float32, rows, 1000, case="huge")
+
+
+@pytest.mark.parametrize("codec", ["zfp:8", "q8"])
+def test_overflowing_sum_gathers_plain(codec):
+    _check("psum", codec, np.float32, 8, 1000, case="overflow")
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))
-@pytest.mark.parametrize("codec", [None, "zfp:8", "mpc"])
+@pytest.mark.parametrize("codec", [None, "zfp:8", "mpc", "q4:h"])
 def test_messages_of_many_pieces(collective, codec, monkeypatch):
     # Messages longer than the engine's MPI piece (just under 64 KiB) go as several pieces, the
     # coded ones with empty pieces after their payload: 256 KiB segments of ~1.3 MB per rank.

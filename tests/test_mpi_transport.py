@@ -115,6 +115,7 @@ MESHES_OF = {
     "mpc0.9": [(2,), (2, 2)],
     "zfp8": [(2,), (4,), (2, 2), (1, 2, 2)],
     "q8": [(2,), (2, 2)],
+    "q8sr": [(2,)],
 }
 
 
@@ -133,7 +134,7 @@ def test_collectives_match_xla(shape, codec):
     _compare(shape, "collectives", codec, h.global_input(shape))
 
 
-@pytest.mark.parametrize(("shape", "codec"), _cases(["finite", "mpc0.9", "zfp8", "q8"]))
+@pytest.mark.parametrize(("shape", "codec"), _cases(["finite", "mpc0.9", "zfp8", "q8", "q8sr"]))
 def test_fallback_agreed_across_ranks(shape, codec):
     """A NaN on the last rank only: every rank takes the raw branch (no deadlock), as XLA does."""
     _need(shape)
@@ -154,13 +155,14 @@ def test_error_feedback_matches_xla(shape, codec, nan):
 
 @pytest.mark.parametrize(
     ("shape", "codec"),
-    [((2,), c) for c in ("raw", "mpc", "zfp8", "q8")] + [((2, 2), "zfp8"), ((4,), "mpc")],
+    [((2,), c) for c in ("raw", "mpc", "zfp8", "q8", "q8sr")] + [((2, 2), "zfp8"), ((4,), "mpc")],
     ids=lambda v: h.mesh_id(v) if isinstance(v, tuple) else v,
 )
 @pytest.mark.parametrize("nan", [False, True])
 def test_pytree_buckets_match_xla(shape, codec, nan):
-    """A pytree psum sent in buckets (the fused MPI psum for mpc / zfp, the unfused algorithm for
-    q8) gives XLA's bits, also when a NaN on the last rank sends its bucket down the raw path."""
+    """A pytree psum sent in buckets (the fused MPI psum for mpc / zfp / q8, the unfused algorithm
+    for q8:sr) gives XLA's bits, also when a NaN on the last rank sends its bucket down the raw
+    path."""
     _need(shape)
     _compare(shape, "buckets", codec, h.global_input(shape, nan_at=SIZE - 1 if nan else None))
 

@@ -4,8 +4,8 @@ XLA transport, bit for bit; and the train step with its per-layer gradient reduc
 the backward (``train.overlap``) against the same step without them.
 
 Several calls are in flight at once (started in a scan, finished in another), with compute and a
-synchronous call on another communicator in between; a NaN on one rank sends a started zfp call
-plain on every rank (its agreement runs on the progress thread's own communicator).
+synchronous call on another communicator in between; a NaN on one rank sends a started zfp (or q8)
+call plain on every rank (its agreement runs on the progress thread's own communicator).
 """
 
 from __future__ import annotations
@@ -93,7 +93,9 @@ def _inputs(case):
 
 
 @pytest.mark.parametrize(
-    "codec, case", [(None, "plain"), ("zfp:8", "plain"), ("mpc", "plain"), ("zfp:8", "nan")]
+    "codec, case",
+    [(None, "plain"), ("zfp:8", "plain"), ("mpc", "plain"), ("zfp:8", "nan")]
+    + [("q8", "plain"), ("q8:h", "plain"), ("q4:h", "plain"), ("q8", "nan")],
 )
 def test_started_calls_match_the_synchronous_ones(codec, case):
     rows, v = _inputs(case)
@@ -153,11 +155,14 @@ def test_can_start_only_what_the_engine_runs():
     launcher, *_ = _programs(None)
     like = jax.ShapeDtypeStruct((SIZE * 8,), jnp.float32)
     with jaxhc.transport.use(launcher.transport):
-        assert started.can_start(like, "x", codec="zfp:8")
+        for codec in ("zfp:8", "mpc", "q8", "q4", "q8:h", "q4:h"):
+            assert started.can_start(like, "x", codec=codec), codec
+        assert started.can_start(jax.ShapeDtypeStruct(like.shape, jnp.bfloat16), "x", codec="q8")
         assert not started.can_start(like, "y", codec="zfp:8")  # one rank: nothing to move
-        assert not started.can_start(like, "x", codec="q8")  # not fused on MPI
+        assert not started.can_start(like, "x", codec="q8:sr")  # not fused on MPI
+        assert not started.can_start(jax.ShapeDtypeStruct(like.shape, jnp.float16), "x", codec="q8")
         with pytest.raises(ValueError, match="cannot be started"):
-            started.psum_scatter_start(jnp.zeros(SIZE * 8), "x", codec="q8")
+            started.psum_scatter_start(jnp.zeros(SIZE * 8), "x", codec="q8:sr")
     assert not started.can_start(like, "x", codec="zfp:8")  # the XLA transport
 
 
@@ -207,7 +212,7 @@ def _train(policy: str, overlap: bool, steps: int = 2):
 
 
 @pytest.mark.skipif(SIZE != 2, reason="-np 2 only (make test-mpi): 4 ranks compile 2x slower")
-@pytest.mark.parametrize("policy", ["zhybrid"])
+@pytest.mark.parametrize("policy", ["zhybrid", "qhybrid"])
 def test_overlapped_training_gives_the_same_bits(policy):
     """Losses and every state block bit for bit with the layers' reductions started in the
     backward and without, and the losses the XLA transport's."""

@@ -340,10 +340,14 @@ def test_policy_takes_quant_entries():
     assert p.to_dict()["axes"]["data"] == {"codec": "q8:sr3"}
 
 
-def test_the_fused_mpi_engine_leaves_quant_to_the_unfused_path():
+def test_the_fused_mpi_engine_takes_quant_but_stochastic_rounding():
     from jaxhc.transport import _mpi_fused
 
-    assert not _mpi_fused.supports(Quant(8), jnp.float32)
+    if _mpi_fused.available():
+        assert _mpi_fused.supports(Quant(8), jnp.float32)
+        assert _mpi_fused.supports(Quant(4, rotate=True), jnp.bfloat16)
+    assert not _mpi_fused.supports(Quant(8, stochastic=True), jnp.float32)
+    assert not _mpi_fused.supports(Quant(8), jnp.float16)
 
 
 # Runs with JAXHC_THREADS set: digests of a multi-range encode, decode and decode-and-sum.

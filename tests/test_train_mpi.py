@@ -333,32 +333,46 @@ def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(poli
 
 
 NESTED_POLICY = """\
-name: data-zfp
+name: data-{name}
 min_bytes: 0
 axes:
-  data: zfp:8
+  data: {codec}
 """
 
 
 @pytest.mark.parametrize(
-    "shard",
+    "shard, codec",
     [
         # CI time: the quick suite runs the plan that covers more (sharded parameters too)
-        pytest.param((1, 1, 2), id="optim2", marks=pytest.mark.slow),
-        pytest.param((2, 2, 4), id="params2-optim4"),
+        pytest.param((1, 1, 2), "zfp:8", id="optim2", marks=pytest.mark.slow),
+        pytest.param((2, 2, 4), "zfp:8", id="params2-optim4"),
+        # Known: with q8 the records match but the step-2 optimizer state differs from XLA's
+        # by 1 ulp in some blocks, fused or not (the unfused algorithm gives the same bytes).
+        pytest.param(
+            (2, 2, 4),
+            "q8",
+            id="params2-optim4-q8",
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.xfail(
+                    strict=True, raises=AssertionError, reason="q8 optimizer state 1 ulp off XLA's"
+                ),
+            ],
+        ),
     ],
 )
-def test_a_nested_sharding_plan_under_mpi_matches_xla(shard, tmp_path):
+def test_a_nested_sharding_plan_under_mpi_matches_xla(shard, codec, tmp_path):
     """4 x 1 x 1 under `mpirun -np 4` (CI time: the tensor axis under MPI is the shared run's)
     with the data axis as sub-axes data.0 x data.1 (each a communicator of its own under MPI),
-    zfp on them: the optimizer state split over groups of 2 data ranks and the
+    zfp (or q8) on them: the optimizer state split over groups of 2 data ranks and the
     gradients all-reduced (shard 1, 1, 2), or the parameters sharded too (ZeRO-3 within groups of
     2, optimizer over all 4: shard 2, 2, 4; rank 0 alone builds and scatters the state). Records
     and checkpoints are XLA's, bit for bit, but for the sampled fidelity of step 2 (a measurement
     outside training, within 1e-6: the two modules sum its squares in differently fused orders
     there)."""
-    policy = tmp_path / "data-zfp.yaml"
-    policy.write_text(NESTED_POLICY)
+    name = codec.split(":")[0]
+    policy = tmp_path / f"data-{name}.yaml"
+    policy.write_text(NESTED_POLICY.format(name=name, codec=codec))
     overrides = _overrides(str(policy), 3) + _mesh(4, 1, 1)
     params, grads, optim = shard
     overrides += [f"mesh.shard.params={params}", f"mesh.shard.grads={grads}"]

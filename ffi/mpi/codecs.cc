@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/mpc.h"
+#include "core/quant_rotated.h"
 #include "core/zfp.h"
 #include "cpu/handlers.h"
 #include "cpu/zfp_kernels.h"
@@ -88,6 +89,49 @@ bool MpcSegments::decode_sum(const uint8_t* const* in, const uint64_t* bytes, co
     values[p] = v;
   }
   sum_in_rank_order(values.data(), parts, e, count, dst);
+  return true;
+}
+
+namespace {
+quant::Elem quant_elem(Elem e) { return e == Elem::kBF16 ? quant::Elem::kBF16 : quant::Elem::kF32; }
+}  // namespace
+
+uint64_t QuantSegments::capacity(uint64_t count) const {
+  return quant::payload_bytes(count, bits_, block_, rotate_);
+}
+
+// The kernels run in the calling thread's floating-point mode; FTZ and DAZ, as XLA:CPU runs the
+// unfused path's calls (only decode_sum's adds can meet a denormal: core/quant.h).
+SegmentCodec::Result QuantSegments::encode(const void* src, Elem e, uint64_t count, uint8_t* out,
+                                           uint64_t* bytes) {
+  *bytes = capacity(count);
+  bool ok = false;
+  FlushDenormals ftz;
+  if (rotate_)
+    quant::encode_rotated_rows(kernel_, src, quant_elem(e), 1, count, bits_, block_, out, &ok);
+  else
+    quant::encode_rows(kernel_, src, quant_elem(e), 1, count, bits_, block_, quant::Rounding{},
+                       out, &ok);
+  return ok ? kCoded : kFail;  // NaN/Inf (rotated: also >= 2^116) never travel coded
+}
+
+bool QuantSegments::decode(const uint8_t* in, uint64_t bytes, Elem e, uint64_t count, void* dst) {
+  return decode_sum(&in, &bytes, nullptr, 1, e, count, dst);
+}
+
+bool QuantSegments::decode_sum(const uint8_t* const* in, const uint64_t* bytes, const bool* raw,
+                               int parts, Elem e, uint64_t count, void* dst) {
+  const uint64_t cap = capacity(count);
+  const uint8_t* payloads = in[0];
+  if (parts > 1 && pieces_.size() < parts * cap) pieces_.resize(parts * cap);
+  for (int p = 0; p < parts; ++p) {
+    if ((raw && raw[p]) || bytes[p] != cap) return false;  // quant pieces are never raw
+    if (parts > 1) std::memcpy(pieces_.data() + p * cap, in[p], cap);
+  }
+  if (parts > 1) payloads = pieces_.data();
+  FlushDenormals ftz;
+  auto rows = rotate_ ? quant::decode_sum_rotated_rows : quant::decode_sum_rows;
+  rows(kernel_, payloads, parts, quant_elem(e), 1, count, bits_, block_, dst);
   return true;
 }
 

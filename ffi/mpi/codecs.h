@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/quant_kernels.h"
 #include "mpi/engine.h"
 
 namespace jaxhc {
@@ -46,6 +47,32 @@ class MpcSegments final : public SegmentCodec {
   int dim_;
   double budget_;
   std::vector<uint8_t> pieces_;
+};
+
+// Block quantization, absmax (q8, q4) or rotated (q8:h, q4:h), rounding to nearest: the blocks of
+// the jaxhc_quant_encode handler, one segment at a time (the CPU module's kernels,
+// cpu/quant_kernels.h). Segments start on whole blocks, so every block codes as it does in the
+// whole row; a segment's payload is the row layout of its own blocks (their scales, then their
+// codes), so the decoded values are the row's. float32 and bfloat16 only (`supports`).
+class QuantSegments final : public SegmentCodec {
+ public:
+  QuantSegments(int bits, uint64_t block, bool rotate, quant::Kernel kernel)
+      : bits_(bits), block_(block), rotate_(rotate), kernel_(kernel) {}
+  static bool supports(Elem e) { return e == Elem::kF32 || e == Elem::kBF16; }
+  uint64_t align() const override { return block_; }
+  uint64_t capacity(uint64_t count) const override;
+  bool may_send_raw() const override { return false; }
+  Result encode(const void* src, Elem e, uint64_t count, uint8_t* out, uint64_t* bytes) override;
+  bool decode(const uint8_t* in, uint64_t bytes, Elem e, uint64_t count, void* dst) override;
+  bool decode_sum(const uint8_t* const* in, const uint64_t* bytes, const bool* raw, int parts,
+                  Elem e, uint64_t count, void* dst) override;
+
+ private:
+  int bits_;
+  uint64_t block_;
+  bool rotate_;
+  quant::Kernel kernel_;
+  std::vector<uint8_t> pieces_;  // decode_sum's payloads, side by side as the kernel takes them
 };
 
 }  // namespace mpi

@@ -5,8 +5,9 @@
 //   jaxhc_mpi_psum_scatter  x [P * per], token        -> y [per], stats, token
 //   jaxhc_mpi_all_gather    x [k], token              -> y [P * k], stats, token
 //   attrs: comm (the MPI_Comm handle, as mpi4py's _handleof gives it), codec (0 plain, 1 zfp,
-//          2 mpc), maxbits (zfp), dim (zfp: its block dims 1..3; mpc: its dimension), budget
-//          (mpc; <= 0: none), segment_bytes
+//          2 mpc, 3 quant, 4 rotated quant), maxbits (zfp), dim (zfp: its block dims 1..3; mpc:
+//          its dimension), budget (mpc; <= 0: none), bits and block (quant: bits per code, values
+//          per block), segment_bytes
 //   stats: S32 [3] = the bytes this rank sent, as its low 31 bits and the rest, and 1 if the
 //          call fell back (see engine.h).
 //
@@ -19,8 +20,10 @@
 
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
+#include "core/quant_rotated.h"
 #include "mpi/codecs.h"
 #include "mpi/engine.h"
 #include "mpi/queue.h"
@@ -33,7 +36,7 @@ namespace jaxhc {
 namespace mpi {
 namespace {
 
-enum CodecId : int64_t { kPlain = 0, kZfp = 1, kMpc = 2 };
+enum CodecId : int64_t { kPlain = 0, kZfp = 1, kMpc = 2, kQuant = 3, kQuantRotated = 4 };
 
 MPI_Comm to_comm(int64_t handle) {
   MPI_Comm c;
@@ -57,17 +60,38 @@ using Fn = std::string (*)(MPI_Comm, Elem, const void*, uint64_t, void*, Segment
 struct Attrs {
   int64_t comm, codec, maxbits, dim;
   double budget;
-  int64_t segment_bytes;
+  int64_t bits, block, segment_bytes;
 };
 
-// The codec of `a` (nullptr: plain) into *out; "" or why not.
-std::string MakeCodec(const Attrs& a, std::unique_ptr<SegmentCodec>* out) {
+// The block quantizer of `a` for values of type e into *out; "" or why not.
+std::string MakeQuant(const Attrs& a, Elem e, std::unique_ptr<SegmentCodec>* out) {
+  const bool rotate = a.codec == kQuantRotated;
+  if (!QuantSegments::supports(e)) return "quant codecs take float32 or bfloat16 values";
+  if (!quant::valid_bits(a.bits)) return "quant bits " + std::to_string(a.bits) + " is not 8 or 4";
+  if (rotate ? !quant::valid_rotated_block(a.block) : !quant::valid_block(a.block))
+    return "quant block " + std::to_string(a.block) + " is not valid" +
+           (rotate ? " for a rotated codec (a power of two in 64..1024)" : "");
+  quant::Kernel k;
+  try {
+    k = quant::active_kernel();
+  } catch (const std::invalid_argument& err) {
+    return err.what();
+  }
+  *out = std::make_unique<QuantSegments>(static_cast<int>(a.bits),
+                                         static_cast<uint64_t>(a.block), rotate, k);
+  return "";
+}
+
+// The codec of `a` (nullptr: plain) for values of type e into *out; "" or why not.
+std::string MakeCodec(const Attrs& a, Elem e, std::unique_ptr<SegmentCodec>* out) {
   if (a.codec == kZfp && (a.dim < 1 || a.dim > 3))
     return "zfp dims " + std::to_string(a.dim) + " is not 1, 2 or 3";
   if (a.codec == kZfp)
     *out = std::make_unique<ZfpSegments>(static_cast<int>(a.maxbits), static_cast<int>(a.dim));
   else if (a.codec == kMpc)
     *out = std::make_unique<MpcSegments>(static_cast<int>(a.dim), a.budget);
+  else if (a.codec == kQuant || a.codec == kQuantRotated)
+    return MakeQuant(a, e, out);
   else if (a.codec != kPlain)
     return "unknown codec " + std::to_string(a.codec);
   return "";
@@ -97,7 +121,7 @@ ffi::Error Run(const char* op, Fn fn, ffi::AnyBuffer x, ffi::AnyBuffer y,
   std::string err = CheckTypes(x.element_type(), y.element_type(), &e);
   if (err.empty() && stats.element_count() != 3) err = "stats must hold 3 int32";
   std::unique_ptr<SegmentCodec> c;
-  if (err.empty()) err = MakeCodec(a, &c);
+  if (err.empty()) err = MakeCodec(a, e, &c);
   if (!err.empty()) return ffi::Error::InvalidArgument(std::string(op) + ": " + err);
   Stats st;
   err = fn(to_comm(a.comm), e, x.untyped_data(), count, y.untyped_data(), c.get(),
@@ -116,8 +140,8 @@ int CommSize(int64_t comm) {
 ffi::Error PsumImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
                     ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Token>,
                     int64_t comm, int64_t codec, int64_t maxbits, int64_t dim, double budget,
-                    int64_t segment_bytes) {
-  const Attrs a{comm, codec, maxbits, dim, budget, segment_bytes};
+                    int64_t bits, int64_t block, int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, bits, block, segment_bytes};
   if (y->element_count() != x.element_count())
     return ffi::Error::InvalidArgument("jaxhc_mpi_psum: y must have as many values as x");
   return Run("jaxhc_mpi_psum", &psum, x, *y, *stats, a, x.element_count());
@@ -126,8 +150,8 @@ ffi::Error PsumImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
 ffi::Error PsumScatterImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
                            ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Token>,
                            int64_t comm, int64_t codec, int64_t maxbits, int64_t dim,
-                           double budget, int64_t segment_bytes) {
-  const Attrs a{comm, codec, maxbits, dim, budget, segment_bytes};
+                           double budget, int64_t bits, int64_t block, int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, bits, block, segment_bytes};
   uint64_t per = y->element_count();
   if (x.element_count() != per * CommSize(comm))
     return ffi::Error::InvalidArgument("jaxhc_mpi_psum_scatter: x must hold P * y values");
@@ -137,8 +161,8 @@ ffi::Error PsumScatterImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuf
 ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Token>,
                          int64_t comm, int64_t codec, int64_t maxbits, int64_t dim,
-                         double budget, int64_t segment_bytes) {
-  const Attrs a{comm, codec, maxbits, dim, budget, segment_bytes};
+                         double budget, int64_t bits, int64_t block, int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, bits, block, segment_bytes};
   uint64_t k = x.element_count();
   if (y->element_count() != k * CommSize(comm))
     return ffi::Error::InvalidArgument("jaxhc_mpi_all_gather: y must hold P * x values");
@@ -149,8 +173,9 @@ enum OpId : int64_t { kPsumOp = 0, kPsumScatterOp = 1, kAllGatherOp = 2 };
 
 ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::Buffer<ffi::F32>> handle,
                      ffi::Result<ffi::Token>, int64_t comm, int64_t op, int64_t codec,
-                     int64_t maxbits, int64_t dim, double budget, int64_t segment_bytes) {
-  const Attrs a{comm, codec, maxbits, dim, budget, segment_bytes};
+                     int64_t maxbits, int64_t dim, double budget, int64_t bits, int64_t block,
+                     int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, bits, block, segment_bytes};
   auto fail = [](const std::string& why) {
     return ffi::Error::InvalidArgument("jaxhc_mpi_start: " + why);
   };
@@ -161,7 +186,7 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::Buffer<ffi::
   std::shared_ptr<SegmentCodec> c;
   {
     std::unique_ptr<SegmentCodec> made;
-    if (!(err = MakeCodec(a, &made)).empty()) return fail(err);
+    if (!(err = MakeCodec(a, e, &made)).empty()) return fail(err);
     c = std::move(made);
   }
   const uint64_t n = x.element_count(), P = static_cast<uint64_t>(CommSize(comm));
@@ -217,6 +242,8 @@ ffi::Error DoneImpl(ffi::Buffer<ffi::F32> handle, ffi::Token, ffi::Result<ffi::A
       .Attr<int64_t>("maxbits")             \
       .Attr<int64_t>("dim")                 \
       .Attr<double>("budget")               \
+      .Attr<int64_t>("bits")                \
+      .Attr<int64_t>("block")               \
       .Attr<int64_t>("segment_bytes")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiPsum, jaxhc::mpi::PsumImpl, JAXHC_MPI_BIND);
@@ -234,6 +261,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiStart, jaxhc::mpi::StartImpl,
                                   .Attr<int64_t>("maxbits")
                                   .Attr<int64_t>("dim")
                                   .Attr<double>("budget")
+                                  .Attr<int64_t>("bits")
+                                  .Attr<int64_t>("block")
                                   .Attr<int64_t>("segment_bytes"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiDone, jaxhc::mpi::DoneImpl,
                               ffi::Ffi::Bind()

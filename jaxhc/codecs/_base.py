@@ -38,13 +38,17 @@ class Encoded(NamedTuple):
 class NativeCall(NamedTuple):
     """How the native MPI engine codes a codec in one fused call (`Codec.native_call`).
 
-    family: "zfp" or "mpc"; maxbits: ZFP's bits per block (0 for MPC); dim: ZFP's dimensions or
-    MPC's word stride; budget: MPC's payload budget as a fraction of the raw bytes (0: none).
+    family: "zfp", "mpc", "quant" (absmax blocks) or "quant:h" (rotated blocks); maxbits: ZFP's
+    bits per block; dim: ZFP's dimensions or MPC's word stride; budget: MPC's payload budget as a
+    fraction of the raw bytes (0: none); bits, block: a quantizer's bits per code and values per
+    block. Fields a family does not use are 0.
 
     >>> from jaxhc.codecs import parse
     >>> parse("zfp:8").native_call(jnp.float32)
-    NativeCall(family='zfp', maxbits=32, dim=1, budget=0.0)
-    >>> parse("q8").native_call(jnp.float32) is None       # not taken by the fused engine
+    NativeCall(family='zfp', maxbits=32, dim=1, budget=0.0, bits=0, block=0)
+    >>> parse("q4:h").native_call(jnp.bfloat16)
+    NativeCall(family='quant:h', maxbits=0, dim=0, budget=0.0, bits=4, block=256)
+    >>> parse("q8:sr").native_call(jnp.float32) is None    # not taken by the fused engine
     True
     """
 
@@ -52,6 +56,8 @@ class NativeCall(NamedTuple):
     maxbits: int
     dim: int
     budget: float
+    bits: int = 0
+    block: int = 0
 
 
 class Codec(abc.ABC):

@@ -9,12 +9,14 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxhc import _native
+from jaxhc.codecs._base import NativeCall
 from jaxhc.codecs._fixed import FixedSizeCodec
 
 BITS = (8, 4)
 DEFAULT_BLOCK = 256
 MAX_BLOCK = 1 << 20
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))  # the fused MPI engine's
 ROTATED_BLOCKS = (64, 128, 256, 512, 1024)
 
 
@@ -122,6 +124,23 @@ class Quant(FixedSizeCodec):
     @property
     def qmax(self) -> int:
         return (1 << (self.bits - 1)) - 1
+
+    def native_call(self, dtype) -> NativeCall | None:
+        """The fused MPI engine's call for float32 and bfloat16, rounding to nearest (plain or
+        rotated blocks); None for float16 and for stochastic rounding, whose draws are keyed by a
+        value's index in the whole row, not in the engine's segment (``segment_values`` is 0):
+        those take the unfused path (the same values, without the pipeline or starting).
+
+        >>> from jaxhc.codecs import parse
+        >>> parse("q8").native_call(jnp.float32)
+        NativeCall(family='quant', maxbits=0, dim=0, budget=0.0, bits=8, block=256)
+        >>> parse("q8:sr").native_call(jnp.float32), parse("q8").native_call(jnp.float16)
+        (None, None)
+        """
+        if self.stochastic or jnp.dtype(dtype) not in NATIVE_DTYPES:
+            return None
+        family = "quant:h" if self.rotate else "quant"
+        return NativeCall(family, 0, 0, 0.0, bits=self.bits, block=self.block)
 
     def payload_bytes(self, n: int, dtype=jnp.float32) -> int:
         self.check_dtype(dtype)

@@ -20,11 +20,12 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jaxhc import _native
-from jaxhc.codecs import Codec
+from jaxhc.codecs import Codec, NativeCall
 
 DTYPES = frozenset(jnp.dtype(d) for d in (jnp.float32, jnp.float64, jnp.bfloat16))
-_PLAIN = 0
-_FAMILY = {"zfp": 1, "mpc": 2}  # the engine's codec numbers (ffi/mpi/engine.cc)
+# The engine's codec numbers (ffi/mpi/module.cc) by `NativeCall.family`.
+_FAMILY = {"plain": 0, "zfp": 1, "mpc": 2, "quant": 3, "quant:h": 4}
+_PLAIN = NativeCall("plain", 0, 1, 0.0)
 SEGMENT_BYTES = 1 << 20  # raw bytes per pipelined segment of a compressed call
 # A plain call has only its sums to overlap. Either kind of segment travels as MPI messages under
 # Open MPI's TCP eager limit (ffi/mpi/engine.cc, kPieceBytes: larger ones ran half duplex).
@@ -69,13 +70,15 @@ def _primitive(name, abstract, attrs):
     return prim
 
 
-def _codec_attrs(comm, codec, maxbits, dim, budget, segment_bytes, **_):
+def _codec_attrs(comm, codec, maxbits, dim, budget, bits, block, segment_bytes, **_):
     return {
         "comm": np.int64(comm),
         "codec": np.int64(codec),
         "maxbits": np.int64(maxbits),
         "dim": np.int64(dim),
         "budget": np.float64(budget),
+        "bits": np.int64(bits),
+        "block": np.int64(block),
         "segment_bytes": np.int64(segment_bytes),
     }
 
@@ -118,17 +121,16 @@ def _primitives():
 def _params(flat, comm, codec: Codec | None) -> dict:
     from mpi4jax._src.utils import to_mpi_handle
 
-    kind, maxbits, dim, budget = _PLAIN, 0, 1, 0.0
-    if codec is not None:
-        family, maxbits, dim, budget = codec.native_call(flat.dtype)
-        kind = _FAMILY[family]
+    call = _PLAIN if codec is None else codec.native_call(flat.dtype)
     return {
         "comm": int(to_mpi_handle(comm)),
         "parts": comm.Get_size(),
-        "codec": kind,
-        "maxbits": maxbits,
-        "dim": dim,
-        "budget": float(budget),
+        "codec": _FAMILY[call.family],
+        "maxbits": call.maxbits,
+        "dim": call.dim,
+        "budget": float(call.budget),
+        "bits": call.bits,
+        "block": call.block,
         "segment_bytes": SEGMENT_BYTES if codec is not None else PLAIN_SEGMENT_BYTES,
     }
 
