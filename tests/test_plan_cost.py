@@ -437,25 +437,28 @@ def test_search_ranks_rejects_and_marks():
     [
         ({"nodes": 0}, "nodes=0 must be a positive integer"),
         ({"memory_gib": "lots"}, "memory_gib='lots' must be a number"),
-        ({"links": {"intra": {"gbit_s": 1, "latency_us": 1}}}, "links.inter is missing"),
+        (
+            {"links": {"intra": {"gbit_s": 1, "latency_us": 1}}},
+            "cluster key 'links.inter' is missing",
+        ),
         (
             {"links": {"intra": {"gbit_s": 1}, "inter": {"gbit_s": 1, "latency_us": 1}}},
-            "links.intra.latency_us is missing",
+            "'links.intra.latency_us' is missing",
         ),
         ({"codecs": {"zfp:1": {"encode_gb_s": 1, "decode_gb_s": 1}}}, "codecs.zfp:1"),
-        ({"codecs": {"q8": {"encode_gb_s": 1}}}, "codecs.q8.decode_gb_s is missing"),
-        ({"color": "blue"}, "unknown cluster key color"),
+        ({"codecs": {"q8": {"encode_gb_s": 1}}}, "'codecs.q8.decode_gb_s' is missing"),
+        ({"color": "blue"}, "unknown cluster key 'color'"),
         (
             {"nodes": 1, "links": {"intra": INTRA, "collectives": {"reduce": {}}}},
-            "unknown cluster key links.collectives.reduce",
+            "unknown cluster key 'links.collectives.reduce'",
         ),
         (
             {"nodes": 1, "links": {"intra": INTRA, "collectives": {"psum": []}}},
-            "links.collectives.psum must be a mapping",
+            "'links.collectives.psum' must be a mapping",
         ),
         (
             {"nodes": 1, "links": {"intra": INTRA, "collectives": {"psum": 5}}},
-            "links.collectives.psum must be a mapping",
+            "'links.collectives.psum' must be a mapping",
         ),
         (
             {
@@ -485,7 +488,7 @@ def test_search_ranks_rejects_and_marks():
                     "collectives": {"all_to_all": {"4": {"gbit_s": 1}}},
                 },
             },
-            "links.collectives.all_to_all.4.latency_us is missing",
+            "'links.collectives.all_to_all.4.latency_us' is missing",
         ),
         (
             {
@@ -495,7 +498,7 @@ def test_search_ranks_rejects_and_marks():
                     "collectives": {"psum": {4: {"gbit_s": 0, "latency_us": 1}}},
                 },
             },
-            "links.collectives.psum.4.gbit_s=0 must be > 0",
+            "links.collectives.psum.4.gbit_s=0.0 must be > 0",
         ),
     ],
 )
