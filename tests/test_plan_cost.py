@@ -300,9 +300,10 @@ def test_the_planner_ranks_for_the_runs_transport(capsys):
     """`jaxhc plan --transport mpi`: the same candidates; a compressed plan's time there is at
     most its XLA time (pipelined codec, fewer agreements), a raw plan's the same."""
     from jaxhc import cli
+    from jaxhc.plan.planfile import plans
 
     rows = {
-        t: cli.plan_rows(SHAPE, CLUSTER, 64, 16, codecs=("none", "zfp:8"), transport=t)
+        t: plans(SHAPE, CLUSTER, 64, 16, codecs=("none", "zfp:8"), transport=t)
         for t in ("xla", "mpi")
     }
     xla = {dataclasses.replace(c.layout, transport="mpi"): c for c in rows["xla"]}
