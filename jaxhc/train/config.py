@@ -23,7 +23,7 @@ class TrainConfig:
     reduction's relative error and cosine similarity (``grad_rel_err``, ``grad_cos``; see
     `jaxhc.parallel.fidelity`); 0 (default) never, as it costs a second reduction.
     ``overlap``: reduce each layer's gradients in the backward as soon as they are produced,
-    while the earlier layers' backward runs, where the step can (`jaxhc.parallel.step.overlaps`:
+    while the earlier layers' backward runs, where the step can (`jaxhc.parallel.grads.overlaps`:
     unsharded parameters, one micro-batch, no error feedback, no fidelity sampling); the same
     bits either way. On the MPI transport the backward only starts each layer's reduction on the
     engine's progress thread (`jaxhc.collectives.started`), so its bytes move while the earlier
