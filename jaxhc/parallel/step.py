@@ -10,7 +10,7 @@ cross-device byte goes through jaxhc's collectives under that policy:
 * "tensor": `jaxhc.psum` of block outputs and of their input gradients (``kind="act"``);
 * "pipe": `jaxhc.ppermute` of activations and their gradients (``kind="act"``) and
   `jaxhc.psum_pair` of the gradients of ``ln_f`` and the head (``wte`` or ``lm_head``) between
-  the first and the last stage (``kind="grad"``; see `sum_shared`);
+  the first and the last stage (``kind="grad"``; see `jaxhc.parallel.grads.sum_shared`);
 * "data": `jaxhc.psum_scatter` of gradients (``kind="grad"``), `jaxhc.all_gather` of updated
   parameters (``kind="param"``); under a sharding plan that nests the data axis
   (`jaxhc.parallel.amsp`), level by level over its sub-axes, and the reduced gradient chunks
@@ -37,15 +37,7 @@ from jaxhc._compat import axis_tuple
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
 from jaxhc.parallel import fidelity, zero
-from jaxhc.parallel.grads import (
-    forward,
-    local_loss,
-    local_loss_and_grads,
-    overlapped_loss_and_grads,
-    overlaps,
-    sharded_loss_and_grads,
-    sum_shared,
-)
+from jaxhc.parallel import grads as shard_grads
 from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
 from jaxhc.policy import Policy
 
@@ -101,7 +93,7 @@ def per_shard_train_step(
 
     def exact_chunk(local_grads):
         with context.use(policy=None):
-            exact = zero.reduce_gradients(sum_shared(local_grads), layout, shard=shard)
+            exact = zero.reduce_gradients(shard_grads.sum_shared(local_grads), layout, shard=shard)
         return zero.finest(exact, layout, shard)[0]
 
     if shard.sharded_params and fidelity_every > 0:
@@ -116,16 +108,24 @@ def per_shard_train_step(
         before = _local_opt(state.opt_state)
         if shard.sharded_params:
             params = params.reshape(-1)  # this rank's flat parameter chunk
-            loss, g, opt_state = sharded_loss_and_grads(
+            loss, g, opt_state = shard_grads.sharded_loss_and_grads(
                 params, before, tokens, model_cfg, mesh_cfg, plan
             )
             local = None
-        elif overlap and overlaps(plan, fidelity_every, codecs := zero.whole_codecs(layout, shard)):
-            loss, g = overlapped_loss_and_grads(params, tokens, model_cfg, mesh_cfg, plan, codecs)
+        elif overlap and shard_grads.overlaps(
+            plan, fidelity_every, codecs := zero.whole_codecs(layout, shard)
+        ):
+            loss, g = shard_grads.overlapped_loss_and_grads(
+                params, tokens, model_cfg, mesh_cfg, plan, codecs
+            )
             opt_state, local = before, None
         else:
-            loss, local = local_loss_and_grads(params, tokens, model_cfg, mesh_cfg, shard.data_axis)
-            g, opt_state = zero.reduce(sum_shared(local, shard.axes), before, layout, shard)
+            loss, local = shard_grads.local_loss_and_grads(
+                params, tokens, model_cfg, mesh_cfg, shard.data_axis
+            )
+            g, opt_state = zero.reduce(
+                shard_grads.sum_shared(local, shard.axes), before, layout, shard
+            )
         chunk, start = zero.finest(g, layout, shard)
         observed = fidelity.sample(
             state.step, fidelity_every, chunk, start, local, exact_chunk, layout, shard
@@ -150,7 +150,7 @@ def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy, data
     def eval_loss(params, tokens):
         if plan.sharded_params:  # this rank's chunk, gathered over the parameter group
             params = plan.layout.unflatten(zero.gather_chunk(params[0, 0], plan.shard))
-        local = local_loss(params, tokens, model_cfg, mesh_cfg, data)
+        local = shard_grads.local_loss(params, tokens, model_cfg, mesh_cfg, data)
         return zero.psum_scalar(local, (*axis_tuple(data), "pipe"))
 
     return _under(context.as_policy(policy), eval_loss)
@@ -179,8 +179,9 @@ def make_train_step(
     (bool: the gradients were not finite on some rank, and the update was skipped on every rank);
     with `fidelity_every` = k > 0, on steps divisible by k, ``grad_rel_err`` and ``grad_cos`` of
     the compressed gradient reduction against an exact one (`jaxhc.parallel.fidelity`; NaN on
-    other steps and when k = 0). With `overlap`, where `overlaps` says the step can, each layer's
-    gradients are reduced in the backward as soon as they are produced (the same bits).
+    other steps and when k = 0). With `overlap`, where `jaxhc.parallel.grads.overlaps` says the
+    step can, each layer's gradients are reduced in the backward as soon as they are produced (the
+    same bits).
     policy: a `jaxhc.Policy`, a preset name or YAML path, or None for plain `jax.lax` collectives.
     Traffic is recorded by jaxhc's collectives in any active `jaxhc.accounting.Ledger`.
 
@@ -251,7 +252,7 @@ def make_loss_and_grads(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, 
     plan = Plan(model_cfg, mesh_cfg)
 
     def per_shard(params, tokens):
-        loss, grads = loss_and_grads(params, tokens, model_cfg, mesh_cfg)
+        loss, grads = shard_grads.loss_and_grads(params, tokens, model_cfg, mesh_cfg)
         chunk = zero.reduce_gradients(grads, plan.layout)
         if mesh_cfg.data > 1:
             chunk = jaxhc.all_gather(chunk, "data", tiled=True, kind="grad")
@@ -286,7 +287,7 @@ def make_logits(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, policy):
         def last_stage(hidden):
             return gpt.head(params, hidden, model_cfg).reshape(*inputs.shape, -1)
 
-        return forward(params, inputs, model_cfg, mesh_cfg, last_stage)[None]
+        return shard_grads.forward(params, inputs, model_cfg, mesh_cfg, last_stage)[None]
 
     per_shard = _under(context.as_policy(policy), per_shard)
     sharded = _map(per_shard, mesh, (plan.param_specs, P("data")), P("pipe", "data"))
