@@ -164,7 +164,11 @@ def parse_compute(text: str) -> dict:
             data = yaml.safe_load(f)
         if "compute" not in (data or {}):
             raise SystemExit(f"--compute: {path} has no compute key (`jaxhc profile` writes it)")
-        out[int(hosts)] = {"compute": data["compute"], "codecs": data.get("codecs", {}), "file": path}
+        out[int(hosts)] = {
+            "compute": data["compute"],
+            "codecs": data.get("codecs", {}),
+            "file": path,
+        }
     return out
 
 

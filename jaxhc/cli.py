@@ -21,6 +21,8 @@ import os
 import sys
 
 from jaxhc._compat import set_cpu_device_count
+from jaxhc.launch import host_devices
+from jaxhc.policy import Policy
 from jaxhc.train.progress import Progress
 from jaxhc.workflow import commands as workflow
 
@@ -32,24 +34,6 @@ NO_MEMORY_REUSE_HELP = (
     "leave glibc's malloc as it is (by default freed host memory is kept and reused, so large "
     "XLA buffers are not faulted in afresh each step: jaxhc.host_memory)"
 )
-
-
-def host_devices(cfg, env=None) -> int:
-    """The devices this process needs: one per process under ``--transport mpi`` (mpirun starts
-    a process per mesh device); under ``--transport xla`` its share of the mesh (the whole mesh in
-    one process; the mesh split evenly over the processes of a `jax.distributed` job started by
-    mpirun, srun or jaxhc's JAXHC_* variables)."""
-    from jaxhc.launch import ProcessEnv
-
-    if cfg.transport == "mpi":
-        return 1
-    env = env or ProcessEnv.from_env()
-    if cfg.mesh.size % env.num_processes:
-        raise ValueError(
-            f"mesh size {cfg.mesh.size} is not a multiple of the {env.num_processes} processes "
-            f"of this job (started by {env.source}): each process takes an equal share"
-        )
-    return cfg.mesh.size // env.num_processes
 
 
 def _train_parser(sub) -> None:
@@ -117,15 +101,38 @@ def _reuse_memory(args) -> None:
 
 
 def default_out(cfg) -> str:
-    return os.path.join("runs", f"{cfg.name}-{os.path.basename(cfg.compression)}")
+    """``runs/<config name>-<policy>``: the run directory without ``--out``."""
+    policy = cfg.compression
+    policy = policy.name if isinstance(policy, Policy) else os.path.basename(policy)
+    return os.path.join("runs", f"{cfg.name}-{policy}")
+
+
+def train_config(args):
+    """The config `jaxhc train` runs: the command line's, under ``--plan`` when given."""
+    if args.plan and args.mesh:
+        raise ValueError("--plan and --mesh both set the mesh: give one")
+    cfg = load_config(args)
+    if not args.plan:
+        return cfg
+    from jaxhc.plan import planfile
+    from jaxhc.plan.search import describe
+
+    if args.plan == "auto":
+        best = planfile.auto(cfg)
+        print(
+            f"plan auto: {describe(best.layout)}; predicted communication "
+            f"{best.comm_seconds * 1e3:.2f} ms/step",
+            flush=True,
+        )
+        plan = planfile.Plan(mesh=best.layout.mesh_overrides())
+    else:
+        plan = planfile.Plan.load(args.plan)
+    return planfile.apply(cfg, plan)
 
 
 def cmd_train(args) -> int:
-    if args.plan:
-        out = args.out or default_out(load_config(args))
-        args.overrides = list(args.overrides) + plan_overrides(args, out)
-        args.out = out
-    cfg = load_config(args)
+    cfg = train_config(args)
+    args.out = args.out or default_out(cfg)
     _check_log_every(args)
     # Before anything starts jax's backends: the README's commands need no XLA_FLAGS on CPU.
     set_cpu_device_count(host_devices(cfg))
@@ -134,7 +141,7 @@ def cmd_train(args) -> int:
 
         init_distributed()  # one process: nothing; several: jax.distributed (gloo on CPU)
     _reuse_memory(args)
-    out = args.out or default_out(cfg)
+    out = args.out
     progress = Progress(enabled=not args.no_progress, log_every=args.log_every)
     if cfg.transport == "mpi":
         from jaxhc.train.mpi import train_mpi
@@ -165,49 +172,18 @@ def cmd_report(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from jaxhc._checks import read_yaml
-    from jaxhc.train.config import load
-    from jaxhc.train.loop import train
-    from jaxhc.train.report import report
+    from jaxhc.train import sweep as sweeps
 
-    sweep = read_yaml(args.sweep) or {}
-    unknown = set(sweep) - {"base", "policies", "out", "overrides"}
-    if unknown:
-        raise ValueError(f"{args.sweep}: unknown sweep key {sorted(unknown, key=str)[0]!r}")
-    base = sweep.get("base")
-    if base is not None and not os.path.isabs(base):
-        base = os.path.join(os.path.dirname(os.path.abspath(args.sweep)), base)
-    policies = sweep.get("policies") or []
-    if not policies:
-        raise ValueError(f"{args.sweep}: 'policies' must list at least one policy")
+    sweep = sweeps.Sweep.load(args.sweep)
     if args.policies:
-        chosen = [p.strip() for p in args.policies.split(",") if p.strip()]
-        missing = [p for p in chosen if p not in policies]
-        if missing or not chosen:
-            raise ValueError(
-                f"--policies {args.policies!r}: {missing[0] if missing else 'none given'} is not "
-                f"among {args.sweep}'s policies ({', '.join(map(str, policies))})"
-            )
-        policies = chosen
-    out = args.out or sweep.get("out", "runs/sweep")
+        sweep = sweep.select(args.policies, args.sweep)
     _check_log_every(args)
+    out = args.out or sweep.out
+    runs = sweep.runs(args.overrides, out)
+    set_cpu_device_count(host_devices(runs[0][1]))  # every run of a sweep has the same mesh
+    _reuse_memory(args)
     progress = Progress(enabled=not args.no_progress, log_every=args.log_every)
-    dirs = []
-    for policy in policies:
-        cfg = load(
-            base,
-            list(sweep.get("overrides", [])) + list(args.overrides) + [f"compression={policy}"],
-        )
-        if not dirs:  # every run of a sweep has the same mesh
-            set_cpu_device_count(host_devices(cfg))
-            _reuse_memory(args)
-        run_dir = os.path.join(out, os.path.splitext(os.path.basename(str(policy)))[0])
-        print(f"== {run_dir}", flush=True)
-        resume = os.path.exists(os.path.join(run_dir, "checkpoints"))
-        if not (resume and _finished(run_dir, cfg)):
-            train(cfg, run_dir, resume=resume, progress=progress)
-        dirs.append(run_dir)
-    print(report(dirs, os.path.join(out, "report")))
+    print(sweeps.run(runs, out, progress))
     return 0
 
 
@@ -273,48 +249,9 @@ def _positive(args, *keys) -> None:
             raise ValueError(f"--{key.replace('_', '-')} {v} must be > 0")
 
 
-def plan_rows(
-    shape,
-    cluster,
-    batch,
-    seq,
-    *,
-    codecs=("none",),
-    compression=None,
-    precision="float32",
-    mesh=None,
-    model_parallel="min",
-    transport="xla",
-):
-    """`jaxhc.plan.search` with the command line's choices."""
-    from jaxhc.plan.cost import codec_by_policy
-    from jaxhc.plan.search import search
-
-    mesh = mesh or {}
-    if "data" in mesh:
-        raise ValueError("--mesh: data follows from the cluster's devices; give tensor and pipe")
-    codec_of = None
-    if compression is not None:
-        codec_of, codecs = codec_by_policy(compression), (f"policy {compression}",)
-    return search(
-        shape,
-        cluster,
-        batch,
-        seq,
-        codecs=codecs,
-        precision=precision,
-        microbatches=mesh.get("microbatches"),
-        tensors=[mesh["tensor"]] if "tensor" in mesh else None,
-        pipes=[mesh["pipe"]] if "pipe" in mesh else None,
-        codec_of=codec_of,
-        model_parallel=model_parallel,
-        transport=transport,
-    )
-
-
 def cmd_plan(args) -> int:
     from jaxhc.plan import cluster as clusters
-    from jaxhc.plan import load_shape
+    from jaxhc.plan import load_shape, planfile
     from jaxhc.plan.search import best_of_families, row, table
     from jaxhc.train.config import parse_mesh
 
@@ -331,7 +268,7 @@ def cmd_plan(args) -> int:
 
     for c in codecs:
         parse(c)  # a bad spec is one line naming it
-    rows = plan_rows(
+    rows = planfile.plans(
         shape,
         cluster,
         args.batch,
@@ -369,40 +306,13 @@ def cmd_plan(args) -> int:
             if fam not in fams:
                 print(f"{fam}: no plan fits")
     if args.write:
-        best = next((c for c in rows if not c.rejected and c.trainable == "yes"), None)
+        best = planfile.best(rows)
         if best is None:
             raise ValueError("--write: no fitting plan is one `jaxhc train` takes")
-        write_plan(args.write, best, args.compression, args.model, cluster)
+        plan = planfile.Plan.from_candidate(best, args.compression, args.model, cluster)
+        plan.dump(args.write)
         print(f"wrote {args.write}")
     return 0
-
-
-def write_plan(path, cand, compression, model, cluster) -> None:
-    import yaml
-
-    lay = cand.layout
-    if compression is not None:
-        policy = compression
-    elif lay.codec == "none":
-        policy = "none"
-    else:  # the codec on the data levels that cross nodes (`jaxhc.plan.cost.codec_by_spec`)
-        axes = {}
-        for i, g in enumerate(lay.levels):
-            if lay.factors[i] > 1 and g * lay.tensor * lay.pipe > cluster.devices_per_node:
-                axes[lay.axis(i)] = lay.codec
-        policy = {"name": "plan", "min_bytes": 0, "axes": axes}
-    data = {
-        "plan": {
-            "model": model,
-            "cluster": cluster.name,
-            "predicted_comm_s": round(cand.comm_seconds, 6),
-            "predicted_memory_gib": round(cand.memory.total / 2**30, 4),
-        },
-        "mesh": lay.mesh_overrides(),
-        "compression": policy,
-    }
-    with open(path, "w") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
 
 
 def _profile_parser(sub) -> None:
@@ -442,93 +352,6 @@ def cmd_profile(args) -> int:
     else:
         print(text, end="")
     return 0
-
-
-def plan_overrides(args, out_dir_for_policy) -> list[str]:
-    """The overrides `jaxhc train --plan` adds: the plan's mesh and compression."""
-    import json
-
-    import yaml
-
-    from jaxhc._checks import read_yaml
-
-    if args.mesh:
-        raise ValueError("--plan and --mesh both set the mesh: give one")
-    if args.plan == "auto":
-        cfg = load_config(args)
-        from jaxhc.plan import cluster as clusters
-        from jaxhc.plan.shapes import from_gpt
-
-        devices = cfg.mesh.size
-        rows = plan_rows(
-            from_gpt("model", cfg.model),
-            clusters.local(devices, clusters_memory(devices)),
-            cfg.train.batch_size,
-            cfg.model.block_size,
-            compression=cfg.compression,
-            transport=cfg.transport,
-        )
-        # the sampled fidelity needs every rank's whole local gradients: not with s_p > 1
-        sharded_ok = cfg.train.fidelity_every == 0
-        best = next(
-            (
-                c
-                for c in rows
-                if not c.rejected and c.trainable == "yes" and (c.layout.params == 1 or sharded_ok)
-            ),
-            None,
-        )
-        if best is None:
-            raise ValueError(f"--plan auto: no plan for {devices} devices fits and trains")
-        from jaxhc.plan.search import describe
-
-        print(
-            f"plan auto: {describe(best.layout)}; predicted communication "
-            f"{best.comm_seconds * 1e3:.2f} ms/step",
-            flush=True,
-        )
-        mesh, policy = best.layout.mesh_overrides(), None
-    else:
-        if not os.path.exists(args.plan):
-            raise ValueError(f"--plan {args.plan!r} does not exist (a plan YAML or 'auto')")
-        data = read_yaml(args.plan)
-        if not isinstance(data, dict) or "mesh" not in data:
-            raise ValueError(f"--plan {args.plan}: plan key 'mesh' is missing")
-        unknown = set(data) - {"plan", "mesh", "compression"}
-        if unknown:
-            raise ValueError(f"--plan {args.plan}: unknown plan key {sorted(unknown)[0]!r}")
-        mesh, policy = data["mesh"], data.get("compression")
-        if not isinstance(mesh, dict):
-            raise ValueError(f"--plan {args.plan}: plan key 'mesh' must be a mapping")
-    out = []
-    for key, value in mesh.items():
-        if key == "shard":
-            if not isinstance(value, dict):
-                raise ValueError("plan key mesh.shard must be a mapping")
-            out += [f"mesh.shard.{k}={json.dumps(v)}" for k, v in value.items()]
-        else:
-            out.append(f"mesh.{key}={json.dumps(value)}")
-    if isinstance(policy, dict):
-        os.makedirs(out_dir_for_policy, exist_ok=True)
-        path = os.path.join(out_dir_for_policy, "plan_policy.yaml")
-        with open(path, "w") as f:
-            yaml.safe_dump(policy, f, sort_keys=False)
-        out.append(f"compression={path}")
-    elif policy is not None:
-        out.append(f"compression={policy}")
-    return out
-
-
-def clusters_memory(devices: int) -> float:
-    from jaxhc.plan.profile import memory_gib
-
-    return memory_gib(devices)
-
-
-def _finished(run_dir: str, cfg) -> bool:
-    from jaxhc.train.checkpoint import Checkpoints
-
-    return Checkpoints(os.path.join(run_dir, "checkpoints")).latest_step() == cfg.train.steps
 
 
 def main(argv=None) -> int:

@@ -64,14 +64,30 @@ import jax.numpy as jnp
 
 from jaxhc._checks import read_yaml
 from jaxhc.codecs import Codec, Identity, Mpc, Quant, Zfp, parse
+from jaxhc.schema import structure
 
-__all__ = ["DTYPES", "KINDS", "PRESETS", "AxisPolicy", "Policy"]
+__all__ = ["DTYPES", "KINDS", "PRESETS", "AxisPolicy", "Policy", "PolicyKeys"]
 
 KINDS = ("grad", "param", "act")
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # the keys of per-dtype codec entries
 MPC_BUDGET = 0.95
 # Values a lossy codec's bits per value are measured on (large: padding does not count).
 _SAMPLE = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyKeys:
+    """The keys of a policy mapping (YAML): ``axes`` maps mesh axis names to codec entries
+    (parsed by `Policy.from_dict`).
+
+    >>> jaxhc.Policy.from_dict({"min_bytes": "64k"}, name="p")
+    Traceback (most recent call last):
+    ValueError: policy p: min_bytes='64k' must be an integer
+    """
+
+    name: Any = None
+    min_bytes: int = 65536
+    axes: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,17 +205,12 @@ class Policy:
         if not isinstance(data, Mapping):
             raise ValueError(f"policy {name or '?'}: expected a mapping, got {type(data).__name__}")
         name = str(data.get("name", name or "custom"))
-        unknown = set(data) - {"name", "min_bytes", "axes"}
-        if unknown:
-            raise ValueError(f"policy {name}: unknown key {sorted(unknown, key=str)[0]!r}")
-        axes = data.get("axes") or {}
-        if not isinstance(axes, Mapping):
-            raise ValueError(f"policy {name}: 'axes' must map axis names to codecs")
+        keys = structure(PolicyKeys, data, kind=None, where=f"policy {name}")
         parsed = tuple(
-            (str(axis), _axis_policy(entry, f"policy {name}: axes.{axis}"))
-            for axis, entry in axes.items()
+            (axis, _axis_policy(entry, f"policy {name}: axes.{axis}"))
+            for axis, entry in (keys.axes or {}).items()
         )
-        return cls(name=name, axes=parsed, min_bytes=data.get("min_bytes", 65536))
+        return cls(name=name, axes=parsed, min_bytes=keys.min_bytes)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> Policy:
@@ -263,36 +274,35 @@ def _codec(entry: Any, where: str) -> Codec | None:
         entry = dict(entry)
         kind = str(entry.pop("codec", "")).lower()
         if ":" in kind:  # {codec: "zfp:8"} (plus per-kind overrides, popped by the caller)
-            if entry:
-                raise ValueError(f"{where}: unknown key {sorted(entry, key=str)[0]!r}")
+            structure(_NoKeys, entry, kind=None, where=where)
             return _codec(kind, where)
-        try:
-            if kind in ("off", "lax"):
-                codec = None
-            elif kind == "none":
-                codec = Identity()
-            elif kind == "zfp":
-                if "rate" not in entry:
-                    raise ValueError("zfp needs a 'rate'")
-                codec = Zfp(rate=entry.pop("rate"), dims=entry.pop("dims", 1))
-            elif kind in ("q8", "q4"):
-                codec = Quant(
-                    bits=int(kind[1:]),
-                    block=entry.pop("block", 256),
-                    stochastic=entry.pop("stochastic", False),
-                    seed=entry.pop("seed", 0),
-                    rotate=entry.pop("rotate", False),
-                )
-            elif kind == "mpc":
-                codec = Mpc(dim=entry.pop("dim", 1), budget=entry.pop("budget", MPC_BUDGET))
-            else:
-                raise ValueError(f"unknown codec {kind!r}: use zfp, q8, q4, mpc, none or off")
-        except ValueError as e:
-            raise ValueError(f"{where}.codec: {e}") from None
-        if entry:
-            raise ValueError(f"{where}: unknown key {sorted(entry, key=str)[0]!r}")
-        return codec
+        if kind not in _CODEC_KEYS:
+            raise ValueError(
+                f"{where}.codec: unknown codec {kind!r}: use zfp, q8, q4, mpc, none or off"
+            )
+        if kind in ("q8", "q4") and "bits" in entry:  # the bits come from the codec's name
+            raise ValueError(f"{where}: unknown key 'bits'")
+        cls, base = _CODEC_KEYS[kind]
+        codec = structure(cls, entry, kind=None, where=where, base=base, checks=f"{where}.codec")
+        return None if isinstance(codec, _NoKeys) else codec
     raise ValueError(f"{where}: expected a codec spec or mapping, got {entry!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoKeys:
+    """A codec mapping that takes no keys besides ``codec`` (``off``, or a spec string)."""
+
+
+# A codec mapping's keys: the fields of its codec (`jaxhc.schema.structure`), from these bases.
+_CODEC_KEYS = {
+    "off": (_NoKeys, None),
+    "lax": (_NoKeys, None),
+    "none": (Identity, None),
+    "zfp": (Zfp, None),
+    "q8": (Quant, Quant(bits=8)),
+    "q4": (Quant, Quant(bits=4)),
+    "mpc": (Mpc, Mpc(budget=MPC_BUDGET)),
+}
 
 
 def _entry(entry: Any, where: str) -> tuple[Codec | None, list[tuple[str, Codec | None]]]:

@@ -75,9 +75,9 @@ def run(data: int, tensor: int, pipe: int, grads=None, optim=None, groups=None, 
         ({"optim": 2, "groups": [4]}, r"mesh.shard.optim=2 is not 1, mesh.data=8 or one of"),
         ({"groups": [3]}, r"mesh.shard.groups=\[3\]: each size must be a proper divisor"),
         ({"groups": [8]}, r"mesh.shard.groups=\[8\]: each size must be a proper divisor"),
-        ({"groups": 4}, r"mesh.shard.groups=4 must be a list of sizes"),
+        ({"groups": 4}, r"'mesh.shard.groups' must be a list, got 4"),
         ({"optim": 0}, r"mesh.shard.optim=0 must be a positive integer"),
-        ({"optimizer": 2}, r"unknown config key mesh.shard.optimizer"),
+        ({"optimizer": 2}, r"unknown config key 'mesh.shard.optimizer'"),
     ],
 )
 def test_an_impossible_plan_is_one_line_naming_the_key(shard, message):

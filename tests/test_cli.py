@@ -101,8 +101,7 @@ def test_a_live_bar_only_on_a_terminal(monkeypatch):
 
 
 def test_devices_per_process_follow_the_transport():
-    from jaxhc.cli import host_devices
-    from jaxhc.launch import ProcessEnv
+    from jaxhc.launch import ProcessEnv, host_devices
     from jaxhc.train.config import load
 
     mpirun = ProcessEnv.from_env({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "3"})

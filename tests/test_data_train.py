@@ -36,7 +36,7 @@ def test_the_vocabulary_follows_the_tokenizer(dataset):
     bad = [
         (["model.vocab_size=256"], "model.vocab_size=256 is smaller than the 300 tokens of data"),
         (["data.checksum=maybe"], "data.checksum='maybe' must be true or false"),
-        (["data.shards=2"], "unknown config key data.shards"),
+        (["data.shards=2"], "unknown config key 'data.shards'"),
     ]
     for overrides, message in bad:
         with pytest.raises(ValueError, match=message):

@@ -24,6 +24,7 @@ MODULES = [
     "jaxhc.partition",
     "jaxhc.plan",
     "jaxhc.policy",
+    "jaxhc.schema",
     "jaxhc.transport",
 ]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

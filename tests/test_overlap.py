@@ -14,8 +14,8 @@ from _gpt import CFG, OPTIM, SEED, all_axes, batch
 import jaxhc
 from jaxhc.model.config import MeshConfig
 from jaxhc.parallel import init_state, make_mesh, make_train_step, params_to_single
+from jaxhc.parallel.grads import overlaps
 from jaxhc.parallel.state import Plan
-from jaxhc.parallel.step import overlaps
 
 DDP = {"params": 1, "grads": 1, "optim": 1}
 

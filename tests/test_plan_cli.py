@@ -214,7 +214,7 @@ def test_auto_keeps_parameters_whole_when_fidelity_is_sampled(tmp_path):
 
 def test_a_written_plan_with_a_codec_is_a_policy_train_loads(tmp_path, capsys):
     """Two nodes of 4: the data level that crosses nodes gets the codec, the node level none;
-    `train --plan` turns the file into mesh overrides and a policy file the config loads."""
+    `train --plan` applies the file's mesh and policy to the run's config."""
     two = clusters.from_dict(
         {
             "name": "two",
@@ -254,24 +254,12 @@ def test_a_written_plan_with_a_codec_is_a_policy_train_loads(tmp_path, capsys):
     groups = mesh["shard"]["groups"]
     assert mesh["data"] == 8 and groups[-1] == 4  # nested at the node boundary
     assert written["compression"] == {"name": "plan", "min_bytes": 0, "axes": {"data.0": "zfp:8"}}
-    import argparse
+    from jaxhc.plan import planfile
+    from jaxhc.train.config import load
 
-    from jaxhc.policy import Policy
-
-    args = argparse.Namespace(
-        plan=str(plan),
-        mesh=None,
-        overrides=[],
-        config=None,
-        compression=None,
-        transport=None,
-        steps=None,
-    )
-    over = cli.plan_overrides(args, str(tmp_path / "run"))
-    args.overrides = over
-    cfg = cli.load_config(args)
+    cfg = planfile.apply(load(None), planfile.Plan.load(str(plan)))
     assert (cfg.mesh.data, cfg.mesh.shard.groups) == (8, tuple(groups))
-    pol = Policy.load(cfg.compression)
+    pol = cfg.policy
     assert (
         pol.codec_for("data.0", "grad").spec == "zfp:8" and pol.codec_for("data.1", "grad") is None
     )

@@ -294,9 +294,10 @@ def test_the_planner_ranks_for_the_runs_transport(capsys):
     """`jaxhc plan --transport mpi`: the same candidates; a compressed plan's time there is at
     most its XLA time (pipelined codec, fewer agreements), a raw plan's the same."""
     from jaxhc import cli
+    from jaxhc.plan.planfile import plans
 
     rows = {
-        t: cli.plan_rows(SHAPE, CLUSTER, 64, 16, codecs=("none", "zfp:8"), transport=t)
+        t: plans(SHAPE, CLUSTER, 64, 16, codecs=("none", "zfp:8"), transport=t)
         for t in ("xla", "mpi")
     }
     xla = {dataclasses.replace(c.layout, transport="mpi"): c for c in rows["xla"]}
@@ -431,25 +432,28 @@ def test_search_ranks_rejects_and_marks():
     [
         ({"nodes": 0}, "nodes=0 must be a positive integer"),
         ({"memory_gib": "lots"}, "memory_gib='lots' must be a number"),
-        ({"links": {"intra": {"gbit_s": 1, "latency_us": 1}}}, "links.inter is missing"),
+        (
+            {"links": {"intra": {"gbit_s": 1, "latency_us": 1}}},
+            "cluster key 'links.inter' is missing",
+        ),
         (
             {"links": {"intra": {"gbit_s": 1}, "inter": {"gbit_s": 1, "latency_us": 1}}},
-            "links.intra.latency_us is missing",
+            "'links.intra.latency_us' is missing",
         ),
         ({"codecs": {"zfp:1": {"encode_gb_s": 1, "decode_gb_s": 1}}}, "codecs.zfp:1"),
-        ({"codecs": {"q8": {"encode_gb_s": 1}}}, "codecs.q8.decode_gb_s is missing"),
-        ({"color": "blue"}, "unknown cluster key color"),
+        ({"codecs": {"q8": {"encode_gb_s": 1}}}, "'codecs.q8.decode_gb_s' is missing"),
+        ({"color": "blue"}, "unknown cluster key 'color'"),
         (
             {"nodes": 1, "links": {"intra": INTRA, "collectives": {"reduce": {}}}},
-            "unknown cluster key links.collectives.reduce",
+            "unknown cluster key 'links.collectives.reduce'",
         ),
         (
             {"nodes": 1, "links": {"intra": INTRA, "collectives": {"psum": []}}},
-            "links.collectives.psum must be a mapping",
+            "'links.collectives.psum' must be a mapping",
         ),
         (
             {"nodes": 1, "links": {"intra": INTRA, "collectives": {"psum": 5}}},
-            "links.collectives.psum must be a mapping",
+            "'links.collectives.psum' must be a mapping",
         ),
         (
             {
@@ -479,7 +483,7 @@ def test_search_ranks_rejects_and_marks():
                     "collectives": {"all_to_all": {"4": {"gbit_s": 1}}},
                 },
             },
-            "links.collectives.all_to_all.4.latency_us is missing",
+            "'links.collectives.all_to_all.4.latency_us' is missing",
         ),
         (
             {
@@ -489,7 +493,7 @@ def test_search_ranks_rejects_and_marks():
                     "collectives": {"psum": {4: {"gbit_s": 0, "latency_us": 1}}},
                 },
             },
-            "links.collectives.psum.4.gbit_s=0 must be > 0",
+            "links.collectives.psum.4.gbit_s=0.0 must be > 0",
         ),
     ],
 )

@@ -147,7 +147,7 @@ def test_nesting_sizes_drops_the_node_level():
     [
         (
             {"links": {"inter_collectives": {"reduce": {}}}},
-            "unknown cluster key links.inter_collectives.reduce",
+            "unknown cluster key 'links.inter_collectives.reduce'",
         ),
         (
             {"links": {"inter_collectives": {"psum": {1: INTER}}}},
@@ -155,15 +155,15 @@ def test_nesting_sizes_drops_the_node_level():
         ),
         (
             {"links": {"inter_collectives": {"broadcast": {64: {"gbit_s": 1}}}}},
-            "links.inter_collectives.broadcast.64.latency_us is missing",
+            "'links.inter_collectives.broadcast.64.latency_us' is missing",
         ),
         (
             {"nodes": 1, "links": {"intra": INTRA, "inter_collectives": {"psum": {2: INTER}}}},
             "links.inter_collectives needs more than one node",
         ),
         ({"schedule": {"exchange": "scatter"}}, "schedule.exchange='scatter' must be one of"),
-        ({"schedule": {"order": "any"}}, "unknown cluster key schedule.order"),
-        ({"schedule": "amsp"}, "schedule must be a mapping"),
+        ({"schedule": {"order": "any"}}, "unknown cluster key 'schedule.order'"),
+        ({"schedule": "amsp"}, "'schedule' must be a mapping"),
     ],
 )
 def test_schedule_and_table_errors_name_the_key(change, message):

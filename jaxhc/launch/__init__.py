@@ -13,6 +13,7 @@ array([[2., 2., 2.]], dtype=float32)
 
 from jaxhc.launch._env import ProcessEnv as ProcessEnv
 from jaxhc.launch._env import first_host as first_host
+from jaxhc.launch._env import host_devices as host_devices
 from jaxhc.launch._guard import RankMismatchError as RankMismatchError
 from jaxhc.launch._guard import check_agreement as check_agreement
 from jaxhc.launch._guard import install_abort_hook as install_abort_hook
@@ -28,6 +29,7 @@ __all__ = [
     "RankMismatchError",
     "check_agreement",
     "first_host",
+    "host_devices",
     "init_distributed",
     "init_mpi",
     "install_abort_hook",

@@ -116,3 +116,25 @@ def _int(v):
     """The leading integer of a variable ("4", or SLURM's "4(x2)"), None when unset or empty."""
     m = re.match(r"\s*(\d+)", v or "")
     return int(m.group(1)) if m else None
+
+
+def host_devices(cfg, env=None) -> int:
+    """The devices this process needs: one per process under ``--transport mpi`` (mpirun starts
+    a process per mesh device); under ``--transport xla`` its share of the mesh (the whole mesh in
+    one process; the mesh split evenly over the processes of a `jax.distributed` job started by
+    mpirun, srun or jaxhc's JAXHC_* variables).
+
+    >>> from jaxhc.launch import ProcessEnv, host_devices
+    >>> from jaxhc.train.config import load
+    >>> host_devices(load(None), ProcessEnv.from_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}))
+    4
+    """
+    if cfg.transport == "mpi":
+        return 1
+    env = env or ProcessEnv.from_env()
+    if cfg.mesh.size % env.num_processes:
+        raise ValueError(
+            f"mesh size {cfg.mesh.size} is not a multiple of the {env.num_processes} processes "
+            f"of this job (started by {env.source}): each process takes an equal share"
+        )
+    return cfg.mesh.size // env.num_processes

@@ -11,6 +11,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxhc._checks import whole_number
+from jaxhc.schema import structure
 
 AXES = ("data", "tensor", "pipe")
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -235,11 +236,7 @@ class MeshConfig:
             whole_number(f"mesh.{key}", getattr(self, key))
         shard = self.shard
         if isinstance(shard, dict):
-            fields = {f.name for f in dataclasses.fields(ShardConfig)}
-            for key in shard:
-                if key not in fields:
-                    raise ValueError(f"unknown config key mesh.shard.{key}")
-            shard = ShardConfig(**shard)
+            shard = structure(ShardConfig, shard, prefix="mesh.shard")
         elif shard is None:
             shard = ShardConfig()
         elif not isinstance(shard, ShardConfig):

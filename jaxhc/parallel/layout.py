@@ -15,7 +15,7 @@ Every mesh holds the same global parameter arrays (the single layout of `jaxhc.m
   (`PAIRED`: ``ln_f``, the head, and ``wte`` when tied) have their gradients summed over the pair
   of end stages, so both ends update the same bits; the first stage's alone (``wpe``, an untied
   ``wte``) need no sum (but join the pair under a lossy data codec: see
-  `jaxhc.parallel.step._paired`). The middle stages' copies (and the last stage's first-stage-only
+  `jaxhc.parallel.grads.paired`). The middle stages' copies (and the last stage's first-stage-only
   ones) get zero gradients: stale copies that no stage reads and no reader takes.
 * Parameters are replicated over "data" (ZeRO-1); AdamW's moments are split over "data".
 

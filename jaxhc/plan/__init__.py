@@ -4,7 +4,8 @@
 ``mesh.shard`` plan (checked against XLA and the ledger); `shapes` gives the planner a model's
 shapes (GPT-2, LLaMA); `cluster` reads cluster files (`jaxhc profile` writes one); `layout` is a
 plan; `cost` predicts its memory per device and its collectives, `comm` their time, `steptime`
-the step's compute and the communication it hides; `search` ranks the plans (``jaxhc plan``).
+the step's compute and the communication it hides; `search` ranks the plans (``jaxhc plan``);
+`planfile` writes the best as a `Plan` that `apply` gives a run's config (``jaxhc train --plan``).
 
 >>> sorted(jaxhc.plan.MODELS)                 # GPT-2 presets; LLaMA shapes: load_shape
 ['gpt2-large', 'gpt2-medium', 'gpt2-small', 'gpt2-xl']
@@ -16,6 +17,8 @@ from jaxhc.plan.layout import Layout as Layout
 from jaxhc.plan.memory import StateBytes as StateBytes
 from jaxhc.plan.memory import amsp_bytes as amsp_bytes
 from jaxhc.plan.memory import state_bytes as state_bytes
+from jaxhc.plan.planfile import Plan as Plan
+from jaxhc.plan.planfile import apply as apply
 from jaxhc.plan.presets import MODELS as MODELS
 from jaxhc.plan.presets import load_model as load_model
 from jaxhc.plan.presets import load_shape as load_shape
@@ -31,8 +34,10 @@ __all__ = [
     "Cluster",
     "Collective",
     "Layout",
+    "Plan",
     "StateBytes",
     "amsp_bytes",
+    "apply",
     "collectives",
     "data_collectives",
     "load_model",

@@ -87,22 +87,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import Any
 
 import yaml
 
 from jaxhc.codecs import parse
+from jaxhc.schema import Invalid, structure
 
-TOP_KEYS = (
-    "name",
-    "nodes",
-    "devices_per_node",
-    "memory_gib",
-    "links",
-    "codecs",
-    "schedule",
-    "compute",
-    "source",
-)
 # What moves a collective's bytes inside a node (`jaxhc.plan.comm.Comm.legs`): a compressed
 # reduce-scatter's payloads go by an all-to-all, a fallback flag's agreement by a tiny all-reduce.
 COLLECTIVE_OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
@@ -260,136 +251,165 @@ def _round(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _number(where: str, value, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}={value!r} must be a number")
-    if value < 0 or (positive and value == 0):
-        raise ValueError(f"{where}={value!r} must be {'> 0' if positive else '>= 0'}")
-    return float(value)
+# --- the cluster file's keys (`jaxhc.schema.structure`) -----------------------------------------
 
 
-def _count(where: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}={value!r} must be a positive integer")
-    return value
+def _positive(key: str, value, strict: bool = True) -> None:
+    if value < 0 or (strict and value == 0):
+        raise Invalid(key, value, "> 0" if strict else ">= 0")
 
 
-def _mapping(where: str, value, keys: tuple[str, ...]) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a mapping, got {value!r}")
-    for k in value:
-        if k not in keys:
-            raise ValueError(
-                f"unknown cluster key {where}.{k}" if where else f"unknown cluster key {k}"
-            )
-    return value
+@dataclasses.dataclass(frozen=True)
+class LinkKeys:
+    """A link's figures as a cluster file gives them."""
+
+    gbit_s: float
+    latency_us: float
+
+    def __post_init__(self):
+        _positive("gbit_s", self.gbit_s)
+        _positive("latency_us", self.latency_us, strict=False)
+
+    def link(self) -> Link:
+        return Link(self.gbit_s * 1e9 / 8, self.latency_us * 1e-6)
 
 
-def _link(where: str, value) -> Link:
-    value = _mapping(where, value, ("gbit_s", "latency_us"))
-    for k in ("gbit_s", "latency_us"):
-        if k not in value:
-            raise ValueError(f"cluster key {where}.{k} is missing")
-    return Link(
-        _number(f"{where}.gbit_s", value["gbit_s"]) * 1e9 / 8,
-        _number(f"{where}.latency_us", value["latency_us"], positive=False) * 1e-6,
-    )
+@dataclasses.dataclass(frozen=True)
+class SpeedKeys:
+    """A codec's speeds as a cluster file gives them."""
+
+    encode_gb_s: float
+    decode_gb_s: float
+
+    def __post_init__(self):
+        _positive("encode_gb_s", self.encode_gb_s)
+        _positive("decode_gb_s", self.decode_gb_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableKeys:
+    """A link table: per op (`TABLE_OPS`), group size -> figures."""
+
+    all_gather: dict[Any, LinkKeys] | None = None
+    psum_scatter: dict[Any, LinkKeys] | None = None
+    all_to_all: dict[Any, LinkKeys] | None = None
+    psum: dict[Any, LinkKeys] | None = None
+    broadcast: dict[Any, LinkKeys] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LinksKeys:
+    intra: LinkKeys
+    inter: LinkKeys | None = None
+    collectives: TableKeys | None = None
+    inter_collectives: TableKeys | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleKeys:
+    gradients: str = SCHEDULE["gradients"][0]
+    exchange: str = SCHEDULE["exchange"][0]
+    nesting: str = SCHEDULE["nesting"][0]
+    overlap: str = SCHEDULE["overlap"][0]
+
+    def __post_init__(self):
+        for key, values in SCHEDULE.items():
+            if getattr(self, key) not in values:
+                raise Invalid(key, getattr(self, key), f"one of {', '.join(values)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeKeys:
+    """A device's compute rates as a cluster file gives them."""
+
+    tflop_s: float
+    memory_gb_s: float
+
+    def __post_init__(self):
+        _positive("tflop_s", self.tflop_s)
+        _positive("memory_gb_s", self.memory_gb_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterKeys:
+    """The keys of a cluster file (the module's docstring); `from_dict` makes the `Cluster`."""
+
+    nodes: int
+    devices_per_node: int
+    memory_gib: float
+    links: LinksKeys
+    name: str | None = None
+    codecs: dict[Any, SpeedKeys] | None = None
+    schedule: ScheduleKeys | None = None
+    compute: ComputeKeys | None = None
+    source: str = ""
+
+    def __post_init__(self):
+        for key in ("nodes", "devices_per_node"):
+            if getattr(self, key) < 1:
+                raise Invalid(key, getattr(self, key), "a positive integer")
+        _positive("memory_gib", self.memory_gib)
+
+
+assert tuple(f.name for f in dataclasses.fields(TableKeys)) == TABLE_OPS
 
 
 def from_dict(data, where: str = "cluster") -> Cluster:
     """A Cluster from a mapping; errors are one line naming the key."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping of cluster keys")
-    unknown = [k for k in data if k not in TOP_KEYS]
-    if unknown:
-        raise ValueError(f"{where}: unknown cluster key {unknown[0]}")
-    for k in ("nodes", "devices_per_node", "memory_gib", "links"):
-        if k not in data:
-            raise ValueError(f"{where}: cluster key {k} is missing")
-    nodes = _count("nodes", data["nodes"])
-    per_node = _count("devices_per_node", data["devices_per_node"])
-    memory = _number("memory_gib", data["memory_gib"]) * 2**30
-    links = _mapping("links", data["links"], ("intra", "inter", "collectives", "inter_collectives"))
-    if "intra" not in links:
-        raise ValueError(f"{where}: cluster key links.intra is missing")
-    intra = _link("links.intra", links["intra"])
-    if "inter" in links:
-        inter = _link("links.inter", links["inter"])
-    elif nodes == 1:
-        inter = intra
+    keys = structure(ClusterKeys, data, kind="cluster", where=where)
+    links = keys.links
+    if links.inter is not None:
+        inter = links.inter.link()
+    elif keys.nodes == 1:
+        inter = links.intra.link()
     else:
-        raise ValueError(f"{where}: cluster key links.inter is missing ({nodes} nodes)")
-    groups = _collectives(links.get("collectives"), per_node)
-    if "inter_collectives" in links and nodes == 1:
+        raise ValueError(f"{where}: cluster key 'links.inter' is missing ({keys.nodes} nodes)")
+    if links.inter_collectives is not None and keys.nodes == 1:
         raise ValueError(f"{where}: links.inter_collectives needs more than one node")
-    inter_groups = _collectives(links.get("inter_collectives"), None, "links.inter_collectives")
-    schedule = _mapping("schedule", data.get("schedule") or {}, tuple(SCHEDULE))
-    for k, v in schedule.items():
-        if v not in SCHEDULE[k]:
-            raise ValueError(f"{where}: schedule.{k}={v!r} must be one of {', '.join(SCHEDULE[k])}")
     codecs = {}
-    for spec, speeds in (data.get("codecs") or {}).items():
+    for spec, speeds in (keys.codecs or {}).items():
         try:
             codec = parse(str(spec))
         except ValueError as e:
             raise ValueError(f"{where}: codecs.{spec}: {e}") from None
         if codec is None or codec.spec == "none":
             raise ValueError(f"{where}: codecs.{spec}: 'none' has no speed to give")
-        speeds = _mapping(f"codecs.{spec}", speeds, ("encode_gb_s", "decode_gb_s"))
-        for k in ("encode_gb_s", "decode_gb_s"):
-            if k not in speeds:
-                raise ValueError(f"{where}: cluster key codecs.{spec}.{k} is missing")
-        codecs[codec.spec] = CodecSpeed(
-            _number(f"codecs.{spec}.encode_gb_s", speeds["encode_gb_s"]) * 1e9,
-            _number(f"codecs.{spec}.decode_gb_s", speeds["decode_gb_s"]) * 1e9,
-        )
+        codecs[codec.spec] = CodecSpeed(speeds.encode_gb_s * 1e9, speeds.decode_gb_s * 1e9)
+    schedule = keys.schedule or ScheduleKeys()
     compute = None
-    if data.get("compute") is not None:
-        rates = _mapping("compute", data["compute"], ("tflop_s", "memory_gb_s"))
-        for k in ("tflop_s", "memory_gb_s"):
-            if k not in rates:
-                raise ValueError(f"{where}: cluster key compute.{k} is missing")
-        compute = ComputeRate(
-            _number("compute.tflop_s", rates["tflop_s"]) * 1e12,
-            _number("compute.memory_gb_s", rates["memory_gb_s"]) * 1e9,
-        )
-    name = str(data.get("name", os.path.splitext(os.path.basename(where))[0]))
-    source = str(data.get("source", ""))
+    if keys.compute is not None:
+        compute = ComputeRate(keys.compute.tflop_s * 1e12, keys.compute.memory_gb_s * 1e9)
     return Cluster(
-        name,
-        nodes,
-        per_node,
-        memory,
-        intra,
+        keys.name if keys.name is not None else os.path.splitext(os.path.basename(where))[0],
+        keys.nodes,
+        keys.devices_per_node,
+        keys.memory_gib * 2**30,
+        links.intra.link(),
         inter,
         codecs,
-        source,
-        groups,
-        inter_groups,
-        *(schedule.get(k, values[0]) for k, values in SCHEDULE.items()),
+        keys.source,
+        _table(links.collectives, keys.devices_per_node, "links.collectives", where),
+        _table(links.inter_collectives, None, "links.inter_collectives", where),
+        *(getattr(schedule, k) for k in SCHEDULE),
         compute=compute,
     )
 
 
-def _collectives(table, per_node: int | None, key: str = "links.collectives") -> dict:
+def _table(table: TableKeys | None, per_node: int | None, key: str, where: str) -> dict:
     """A link table (`key`) as {(op, ranks): Link}; group sizes are integers >= 2, at most
     `per_node` when given (YAML writes them as numbers, JSON as strings: both read)."""
-    if table is None:
-        return {}
     out = {}
-    for op, sizes in _mapping(key, table, TABLE_OPS).items():
-        where = f"{key}.{op}"
-        if not isinstance(sizes, dict):
-            raise ValueError(f"{where} must be a mapping, got {sizes!r}")
-        for k, figures in sizes.items():
+    for op in TABLE_OPS:
+        for k, figures in (getattr(table, op, None) or {}).items():
+            at = f"{where}: {key}.{op}.{k}"
             ranks = int(k) if isinstance(k, str) and k.isdigit() else k
             if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
-                raise ValueError(f"{where}.{k}: a group size must be an integer >= 2")
+                raise ValueError(f"{at}: a group size must be an integer >= 2")
             if per_node is not None and ranks > per_node:
                 raise ValueError(
-                    f"{where}.{k}: a group of {ranks} ranks does not fit a node of {per_node}"
+                    f"{at}: a group of {ranks} ranks does not fit a node of {per_node}"
                 )
-            out[(op, ranks)] = _link(f"{where}.{k}", figures)
+            out[(op, ranks)] = figures.link()
     return out
 
 

@@ -284,7 +284,7 @@ def collectives(
         codec = codec_of("pipe", "act", ea, act * ea, lay.pipe > cluster.devices_per_node)
         out.append(Comm("pipe", "act", "ppermute", lay.pipe, lay.pipe, act, ea, 2 * m, codec))
         # summed by the end stages, one message each way; the positions too under a lossy data
-        # grad codec (`jaxhc.parallel.step._paired`)
+        # grad codec (`jaxhc.parallel.grads.paired`)
         lossy = any(c.kind == "grad" and c.codec and not c.codec.lossless for c in out)
         paired = shape.paired_params(positions=lossy)
         if paired:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-import yaml
-
+from jaxhc._checks import read_yaml
 from jaxhc.model.config import GPTConfig
+from jaxhc.schema import structure
 
 MODELS = {
     "gpt2-small": GPTConfig(n_layer=12, n_head=12, n_embd=768),
@@ -24,8 +24,7 @@ def _read_mapping(path: str, presets) -> dict:
         raise ValueError(f"--model {path!r}: use a preset ({', '.join(presets)}) or a YAML path")
     if not os.path.exists(path):
         raise ValueError(f"--model {path!r} does not exist")
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    data = read_yaml(path) or {}
     data = data.get("model", data) if isinstance(data, dict) else data
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of model keys")
@@ -33,10 +32,7 @@ def _read_mapping(path: str, presets) -> dict:
 
 
 def _gpt_config(path: str, data: dict) -> GPTConfig:
-    try:
-        return GPTConfig(**data)
-    except TypeError as e:
-        raise ValueError(f"{path}: {e}") from None
+    return structure(GPTConfig, data, prefix="model", where=path)
 
 
 def load_model(name_or_path: str) -> GPTConfig:
@@ -75,8 +71,5 @@ def load_shape(name_or_path: str):
     data = _read_mapping(name_or_path, [*MODELS, *LLAMA])
     name = os.path.basename(name_or_path)
     if data and set(data) <= set(SHAPE_KEYS):
-        missing = [k for k in SHAPE_KEYS[:5] if k not in data]
-        if missing:
-            raise ValueError(f"{name_or_path}: model key {missing[0]!r} is missing")
-        return ModelShape(name=name, **data)
+        return structure(ModelShape, {**data, "name": name}, kind="model", where=name_or_path)
     return from_gpt(name, _gpt_config(name_or_path, data))

@@ -17,7 +17,7 @@ Communication: the step's collectives (`jaxhc.plan.cost.collectives`, each timed
 `jaxhc.plan.comm.Comm.seconds`; their sum is the plan's ``comm s``) less what the cluster's
 ``schedule.overlap`` hides behind compute:
   jaxhc (default, what `jaxhc.parallel.step` does): with ``train.overlap`` (`Layout.overlap`)
-        where the step can (`jaxhc.parallel.step.overlaps`: s_p = 1, one micro-batch, no error
+        where the step can (`jaxhc.parallel.grads.overlaps`: s_p = 1, one micro-batch, no error
         feedback), on the MPI transport, each layer's gradient reduce-scatter over the innermost
         data level is started in the backward as soon as the layer's gradients exist (a plain,
         ZFP or MPC call: the transport's progress threads, `jaxhc.collectives.started`) and

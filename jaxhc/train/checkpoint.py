@@ -28,7 +28,6 @@ refusing in one line otherwise.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -44,38 +43,19 @@ import numpy as np
 import tensorstore as ts
 
 from jaxhc import partition
-from jaxhc.data.sources import hash_file as _sha256
 from jaxhc.parallel.canonical import Canonical, extract, insert
 from jaxhc.parallel.state import Plan
+from jaxhc.train.checkpoint_files import (
+    FORMAT,
+    META,
+    TOKEN,
+    Group,
+    damage,
+    digest,
+    hash_share,
+)
 
-FORMAT = "jaxhc-sharded-1"
-META = "meta.json"
-TOKEN = ".token"
 log = logging.getLogger(__name__)
-
-
-class Group:
-    """The processes that checkpoint together: here this process alone (`jaxhc.train.mpi` has
-    the MPI one). Every process calls the same methods in the same order."""
-
-    rank = 0
-    size = 1
-
-    def all_gather(self, value) -> list:
-        """Every process's `value`, in rank order, on every process."""
-        return [value]
-
-    def bcast(self, value):
-        """Process 0's `value`, on every process."""
-        return value
-
-    def all_true(self, flag: bool) -> bool:
-        """Whether `flag` is true on every process."""
-        return flag
-
-    def first_error(self, error: str | None) -> str | None:
-        """The first process's error (naming it), on every process; None if there is none."""
-        return error
 
 
 class _Corrupt(ValueError):
@@ -156,7 +136,7 @@ class Checkpoints:
         self._raise_if_any(step, error)
         scalars = {k: v for share in group.all_gather(scalars) for k, v in share.items()}
         try:
-            hashed = _hash_share(tmp, group)
+            hashed = hash_share(tmp, group)
         except OSError as e:
             hashed, error = {}, f"cannot read back {tmp}: {e}"
         self._raise_if_any(step, error)
@@ -240,7 +220,7 @@ class Checkpoints:
             "scalars": {n: scalars[n] for n, a in canon.arrays.items() if not a.shape},
             "files": dict(sorted(files.items())),
         }
-        meta["digest"] = _digest(meta)
+        meta["digest"] = digest(meta)
         os.remove(os.path.join(tmp, TOKEN))
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(meta, f, indent=1)
@@ -320,7 +300,7 @@ class Checkpoints:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             got = meta.get("format") if isinstance(meta, dict) else None
             raise ValueError(f"{path}: format {got!r} is not {FORMAT!r}")
-        if meta.get("digest") != _digest(meta):
+        if meta.get("digest") != digest(meta):
             raise _Corrupt(f"checkpoint file {path} is corrupt: its bytes differ from when written")
         return step, meta
 
@@ -331,7 +311,7 @@ class Checkpoints:
             _, meta = self._meta(step)
         except _Corrupt as e:
             return str(e)
-        return self.group.first_error(_damage(self._path(step), meta, self.group))
+        return self.group.first_error(damage(self._path(step), meta, self.group))
 
     def _hint(self, step: int) -> str:
         """Where a user whose checkpoint `step` is damaged can resume from."""
@@ -460,47 +440,6 @@ def _is_residual(name: str) -> bool:
     """Whether canonical array `name` holds error-feedback residuals (of any reduction level)."""
     level = name.split("/")[0]
     return level == "residual" or level.startswith("residual.")
-
-
-def _files(root: str) -> list[str]:
-    """Every file under `root` but meta.json and the save's token, relative, sorted."""
-    out = []
-    for parent, _, names in os.walk(root):
-        out += [os.path.relpath(os.path.join(parent, n), root) for n in names]
-    return sorted(r for r in out if r not in (META, TOKEN))
-
-
-def _hash_share(root: str, group: Group) -> dict:
-    """This process's share of the files under `root`: relative path -> [bytes, sha256]."""
-    share = _files(root)[group.rank :: group.size]
-    return {
-        r: [os.path.getsize(os.path.join(root, r)), _sha256(os.path.join(root, r))] for r in share
-    }
-
-
-def _damage(root: str, meta: dict, group: Group) -> str | None:
-    """What is wrong with this process's share of the files of a step (None: nothing)."""
-    recorded = meta.get("files", {})
-    names = sorted(set(recorded) | set(_files(root)))
-    for rel in names[group.rank :: group.size]:
-        path = os.path.join(root, rel)
-        if rel not in recorded:
-            return f"checkpoint file {path} was not part of the save"
-        if not os.path.exists(path):
-            return f"checkpoint file {path} is missing"
-        size, digest = recorded[rel]
-        if os.path.getsize(path) != size:
-            got = os.path.getsize(path)
-            return f"checkpoint file {path} is corrupt: {got} bytes, {size} when written"
-        if _sha256(path) != digest:
-            return f"checkpoint file {path} is corrupt: its bytes differ from when written"
-    return None
-
-
-def _digest(meta: dict) -> str:
-    """SHA-256 of meta.json's content without its own digest (key order fixed)."""
-    body = {k: v for k, v in meta.items() if k != "digest"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _kvstore(root: str, name: str) -> dict:

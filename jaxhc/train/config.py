@@ -10,6 +10,7 @@ from typing import Any
 from jaxhc._checks import read_yaml, whole_number, yaml_value
 from jaxhc.model.config import LLAMA_KEYS, GPTConfig, MeshConfig, OptimConfig
 from jaxhc.policy import Policy
+from jaxhc.schema import structure
 
 TRANSPORTS = ("xla", "mpi")
 
@@ -22,7 +23,7 @@ class TrainConfig:
     reduction's relative error and cosine similarity (``grad_rel_err``, ``grad_cos``; see
     `jaxhc.parallel.fidelity`); 0 (default) never, as it costs a second reduction.
     ``overlap``: reduce each layer's gradients in the backward as soon as they are produced,
-    while the earlier layers' backward runs, where the step can (`jaxhc.parallel.step.overlaps`:
+    while the earlier layers' backward runs, where the step can (`jaxhc.parallel.grads.overlaps`:
     unsharded parameters, one micro-batch, no error feedback, no fidelity sampling); the same
     bits either way. On the MPI transport the backward only starts each layer's reduction on the
     engine's progress thread (`jaxhc.collectives.started`), so its bytes move while the earlier
@@ -75,9 +76,6 @@ class DataConfig:
             raise ValueError(f"data.checksum={self.checksum!r} must be true or false")
 
 
-SECTIONS = {"model": GPTConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig}
-
-
 # The default run (`make train`, `jaxhc train` without --config; configs/experiments/default.yaml
 # spells the same values out): a small byte-level GPT on 8 devices as data x tensor x pipe = 2x2x2.
 DEFAULT_MODEL = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
@@ -88,7 +86,8 @@ DEFAULT_TRAIN = TrainConfig(steps=300, batch_size=32)
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """One training run. ``compression`` is a policy preset name or a policy YAML path;
+    """One training run. ``compression`` is a policy preset name, a policy YAML path, or a
+    `Policy` (a mapping in a file: the policy inline);
     ``data`` the prepared dataset (None: the embedded corpus); ``init`` where a fresh run's
     parameters come from (None: ``train.seed``; ``hf:PATH``: a local transformers GPT-2 or
     LLaMA)."""
@@ -98,7 +97,7 @@ class ExperimentConfig:
     mesh: MeshConfig = DEFAULT_MESH
     optim: OptimConfig = DEFAULT_OPTIM
     train: TrainConfig = DEFAULT_TRAIN
-    compression: str = "zhybrid"
+    compression: str | Policy = "zhybrid"
     transport: str = "xla"
     data: DataConfig | None = None
     init: str | None = None
@@ -115,40 +114,57 @@ class ExperimentConfig:
         return Policy.load(self.compression)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as plain values (a `Policy` given as an object by its name)."""
+        out = {
+            f.name: _plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name != "compression"
+        }
+        policy = self.compression
+        return {**out, "compression": policy.name if isinstance(policy, Policy) else policy}
+
+
+def _plain(value):
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def from_dict(data: dict[str, Any]) -> ExperimentConfig:
-    """Build an ExperimentConfig from a nested mapping; unknown keys are errors naming them.
+    """Build an ExperimentConfig from a nested mapping (`jaxhc.schema.structure`): a section's
+    keys replace those of the defaults (`DEFAULT_MODEL`, ...); an unknown key, or a value of the
+    wrong type, is an error of one line naming it.
 
     ``optim.total_steps`` defaults to ``train.steps`` (the schedule spans the run). With
     ``init: hf:PATH`` the model section follows that checkpoint's config (see `_follow_init`);
     with a ``data`` section ``model.vocab_size`` defaults to its tokenizer's (`_follow_data`).
+
+    >>> from_dict({"model": {"n_layer": 2}, "train": {"steps": 10}}).optim.total_steps
+    10
+    >>> from_dict({"model": {"n_layr": 2}})
+    Traceback (most recent call last):
+    ValueError: unknown config key 'model.n_layr'
     """
     data = dict(data or {})
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in SECTIONS:
-            kwargs[key] = _section(key, value, getattr(ExperimentConfig, key))
-        elif key == "data":
-            kwargs[key] = _data_section(value)
-        elif key in ("name", "compression", "transport"):
-            kwargs[key] = str(value)
-        elif key == "init":
-            kwargs[key] = _check_init(None if value is None else str(value))
-        else:
-            raise ValueError(f"unknown config key {key!r}")
+    cfg = structure(ExperimentConfig, data, base=_base())
+    changes: dict[str, Any] = {}
     if "total_steps" not in (data.get("optim") or {}):
-        steps = kwargs.get("train", DEFAULT_TRAIN).steps
-        kwargs["optim"] = dataclasses.replace(kwargs.get("optim", DEFAULT_OPTIM), total_steps=steps)
+        changes["optim"] = dataclasses.replace(cfg.optim, total_steps=cfg.train.steps)
     given = set(data.get("model") or {})
-    if kwargs.get("init"):
-        kwargs["model"] = _follow_init(kwargs.get("model", DEFAULT_MODEL), given, kwargs["init"])
-    if kwargs.get("data") is not None:
-        kwargs["model"] = _follow_data(
-            kwargs.get("model", DEFAULT_MODEL), given, kwargs["data"], kwargs.get("init")
-        )
-    return ExperimentConfig(**kwargs)
+    if cfg.init:
+        changes["model"] = _follow_init(cfg.model, given, cfg.init)
+    if cfg.data is not None:
+        model = changes.get("model", cfg.model)
+        changes["model"] = _follow_data(model, given, cfg.data, cfg.init)
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+_BASE = None  # ExperimentConfig(): what a file's keys replace (made at first use)
+
+
+def _base() -> ExperimentConfig:
+    global _BASE
+    if _BASE is None:
+        _BASE = ExperimentConfig()
+    return _BASE
 
 
 def _check_init(init: str | None) -> str | None:
@@ -157,16 +173,6 @@ def _check_init(init: str | None) -> str | None:
             f"init={init!r} must be hf:PATH (a local transformers GPT-2 or LLaMA folder)"
         )
     return init
-
-
-def _data_section(value: Any) -> DataConfig:
-    if not isinstance(value, dict):
-        raise ValueError(f"config section 'data' must be a mapping, got {value!r}")
-    fields = {f.name for f in dataclasses.fields(DataConfig)}
-    for key in value:
-        if key not in fields:
-            raise ValueError(f"unknown config key data.{key}")
-    return DataConfig(**value)
 
 
 # GPTConfig fields an `init: hf:PATH` checkpoint fixes (block_size may be smaller: the first
@@ -224,29 +230,6 @@ def _follow_data(model: GPTConfig, given: set, data: DataConfig, init: str | Non
             f"data.path={data.path}'s tokenizer: leave model.vocab_size out to take it from there"
         )
     return model
-
-
-def _section(name: str, value: Any, default):
-    """The section's dataclass: `default` with the keys of `value` replaced."""
-    cls = SECTIONS[name]
-    if not isinstance(value, dict):
-        raise ValueError(f"config section {name!r} must be a mapping, got {value!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    value = dict(value)
-    for key, v in value.items():
-        if key not in fields:
-            raise ValueError(f"unknown config key {name}.{key}")
-        # YAML 1.1 reads "1e-3" as a string; accept it (and ints) where a float is expected.
-        if (
-            isinstance(fields[key].default, float)
-            and isinstance(v, (str, int))
-            and not isinstance(v, bool)
-        ):
-            try:
-                value[key] = float(v)
-            except ValueError:
-                raise ValueError(f"{name}.{key}={v!r} is not a number") from None
-    return dataclasses.replace(default, **value)
 
 
 def load(path: str | None, overrides: list[str] = ()) -> ExperimentConfig:
