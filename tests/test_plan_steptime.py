@@ -37,7 +37,7 @@ def hosts(n: int = 4, **extra) -> clusters.Cluster:
     data = {"name": "hosts", "nodes": n, "devices_per_node": 1, "memory_gib": 16}
     data |= {"links": {"intra": LINK, "inter": LINK}, "compute": RATE}
     speed = {"encode_gb_s": 2, "decode_gb_s": 2}
-    data |= {"codecs": {"zfp:8": speed, "q8": speed}}
+    data |= {"codecs": {"zfp:8": speed, "q8": speed, "q8:sr": speed}}
     return clusters.from_dict({**data, **extra})
 
 
@@ -135,7 +135,7 @@ def test_jaxhc_hides_the_started_layer_scatters(codec):
         {"transport": "xla"},  # XLA:CPU runs the layers' reductions in program order
         {"overlap": False},  # train.overlap off: the whole vector after the backward
         {"microbatches": 2},  # the step reduces once after the micro-batches
-        {"codec": "q8"},  # no fused native call: not started
+        {"codec": "q8:sr"},  # no fused native call (stochastic rounding): not started
     ],
 )
 def test_jaxhc_hides_nothing_where_the_step_does_not_overlap(change):
@@ -200,9 +200,9 @@ def test_search_ranks_by_step_time_and_keeps_the_comm_column():
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"compute": {"tflop_s": 1}}, "cluster key compute.memory_gb_s is missing"),
-        ({"compute": {"tflop_s": 0, "memory_gb_s": 1}}, "compute.tflop_s=0 must be > 0"),
-        ({"compute": {"tflops": 1, "memory_gb_s": 1}}, "unknown cluster key compute.tflops"),
+        ({"compute": {"tflop_s": 1}}, "cluster key 'compute.memory_gb_s' is missing"),
+        ({"compute": {"tflop_s": 0, "memory_gb_s": 1}}, "compute.tflop_s=0.0 must be > 0"),
+        ({"compute": {"tflops": 1, "memory_gb_s": 1}}, "unknown cluster key 'compute.tflops'"),
         ({"schedule": {"overlap": "all"}}, "schedule.overlap='all' must be one of jaxhc, amsp"),
     ],
 )

@@ -172,7 +172,7 @@ def overlapped(
             return plain, 0.0
         first = next((c for c in comms if c.role == "reduce"), None)
         if first is None or first.op != "psum_scatter" or (first.codec and not first.fused):
-            return plain, 0.0  # nothing started: a codec without a fused native call (q8)
+            return plain, 0.0  # nothing started: a codec without a fused native call (q8:sr)
         r, shared = split(first)
         b = work.layer_backward
         exposed = pass_time(layers, b, reduce=r) - layers * b
