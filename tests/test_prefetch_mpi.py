@@ -112,9 +112,9 @@ def test_an_all_gather_that_cannot_start_says_so():
     with jaxhc.transport.use(launcher.transport):
         like = jax.ShapeDtypeStruct((8,), jnp.float32)
         assert started.can_start(like, "x", codec="mpc")
-        assert not started.can_start(like, "x", codec="q8")  # not fused on MPI
+        assert not started.can_start(like, "x", codec="q8:sr")  # stochastic rounding: not fused
         with pytest.raises(ValueError, match=r"all_gather of \(8,\) float32 over 'x' cannot be"):
-            started.all_gather_start(jnp.zeros(8), "x", tiled=True, codec="q8")
+            started.all_gather_start(jnp.zeros(8), "x", tiled=True, codec="q8:sr")
         with pytest.raises(ValueError, match="a tiled gather needs an array"):
             started.all_gather_start(jnp.float32(1), "x", tiled=True)
 
