@@ -204,6 +204,12 @@ def _plan_parser(sub) -> None:
     p.add_argument("--batch", type=int, required=True, help="sequences per step (global)")
     p.add_argument("--seq", type=int, help="tokens per sequence (default: GPT block_size, 2048)")
     p.add_argument(
+        "--micro-batch",
+        type=int,
+        help="sequences per micro-batch on a data rank: each plan accumulates gradients over "
+        "batch / (data x micro-batch) micro-batches (default: one, or pipe with a pipeline)",
+    )
+    p.add_argument(
         "--precision",
         choices=["float32", "mixed"],
         default="float32",
@@ -255,7 +261,7 @@ def cmd_plan(args) -> int:
     from jaxhc.plan.search import best_of_families, row, table
     from jaxhc.train.config import parse_mesh
 
-    _positive(args, "batch", "seq", "top")
+    _positive(args, "batch", "seq", "top", "micro_batch")
     if args.rejected < 0:
         raise ValueError(f"--rejected {args.rejected} must be >= 0")
     shape = load_shape(args.model)
@@ -279,6 +285,7 @@ def cmd_plan(args) -> int:
         mesh=parse_mesh(args.mesh) if args.mesh else None,
         model_parallel=args.model_parallel,
         transport=args.transport,
+        micro_batch=args.micro_batch,
     )
     n = shape.params()
     count = f"{n / 1e9:.3f} B" if n >= 1e9 else f"{n / 1e6:.3f} M"
@@ -286,7 +293,8 @@ def cmd_plan(args) -> int:
         f"{shape.name} ({count} parameters) on {cluster.name}: "
         f"{cluster.nodes} x {cluster.devices_per_node} devices, "
         f"{cluster.memory / 2**30:g} GiB each; batch {args.batch} x {seq} tokens, "
-        f"{args.precision}; predicted (jaxhc.plan.cost), "
+        + (f"micro-batch {args.micro_batch}, " if args.micro_batch else "")
+        + f"{args.precision}; predicted (jaxhc.plan.cost), "
         + ("communication only" if cluster.compute is None else "step s: jaxhc.plan.steptime")
     )
     schedule = cluster.to_dict().get("schedule")

@@ -11,9 +11,11 @@ payloads move as jaxhc's XLA transport moves them (`Comm.legs`: a reduce-scatter
 all-to-all); a cluster's ``links.collectives`` gives an op over a group inside a node its own
 latency and bandwidth for that group size (measured by `jaxhc profile --links`), and
 ``links.inter_collectives`` an op across nodes its latency and per-NIC-share bandwidth by the
-nodes its group spans (in place of ``links.inter``: `Cluster.inter_link`). On the MPI
-transport (``Layout.transport``) a ZFP or MPC psum, reduce-scatter or all-gather without error
-feedback is one fused native call: its segments of `MpiTransport.SEGMENT_BYTES` raw bytes are
+nodes its group spans (in place of ``links.inter``: `Cluster.inter_link`); under
+``schedule.latency: crossing`` a ring across nodes pays the inter-node latency only for its
+node-crossing steps (`Comm.latency`: NCCL's ring latency model). On the MPI transport
+(``Layout.transport``) a ZFP or MPC psum, reduce-scatter or all-gather without error feedback
+is one fused native call: its segments of `MpiTransport.SEGMENT_BYTES` raw bytes are
 encoded, sent and decoded in a pipeline, so its wire time W and codec time C give
 max(W, C) + min(W, C) / S for S segments of a rank's chunk (a two-stage pipeline of equal
 segments), and its flags travel in the messages (only the reduce-scatter, whose ranks see only
@@ -38,6 +40,7 @@ from jaxhc.transport import MpiTransport
 __all__ = ["FUSED_OPS", "Comm", "comm_bytes", "comm_time", "dtype_of", "wire_bytes"]
 
 FUSED_OPS = ("psum", "psum_scatter", "all_gather")  # the MPI transport's fused native calls
+RING_OPS = ("psum", "psum_scatter", "all_gather", "broadcast")  # ring passes over the group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +119,18 @@ class Comm:
             out = [(self.op, steps, payload)]
         return out + [("psum", 2 * (k - 1), agree)] if agree else out
 
+    def latency(self, cluster: Cluster, op: str, steps: int, link: Link) -> float:
+        """Seconds of `steps` latencies of `op` over this group at `link`'s: every step at it,
+        or under ``schedule.latency: crossing`` (NCCL's ring model) a ring across nodes pays
+        it only for the steps that cross a node boundary (n - 1 of a pass's k - 1 over n
+        nodes) and ``links.intra``'s for the rest."""
+        ring = op in RING_OPS and self.span > cluster.devices_per_node and self.ranks > 1
+        if cluster.latency != "crossing" or not ring:
+            return steps * link.latency
+        nodes = -(-self.ranks // self.per_node)
+        crossing = steps * (nodes - 1) / (self.ranks - 1)
+        return crossing * link.latency + (steps - crossing) * cluster.intra.latency
+
     def seconds(self, cluster: Cluster) -> float:
         latency = wire = codec = 0.0
         for op, steps, nbytes in self.legs():
@@ -125,7 +140,7 @@ class Comm:
                 wire += nbytes / own.bandwidth
             else:
                 link = self.link(cluster, op)
-                latency += steps * link.latency
+                latency += self.latency(cluster, op, steps, link)
                 wire += nbytes / link.bandwidth
         n = self.message * self.itemsize
         if self.codec is not None and self.codec.spec != "none":

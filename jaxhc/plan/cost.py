@@ -12,7 +12,8 @@ Memory (bytes per device; psi = the device's parameters, its tensor x pipe block
                    (`jaxhc.plan.memory.state_bytes`, equal to the compiled step's to the byte)
   mixed (AMSP):    P = 2 psi / s_p, G = 2 psi / s_g, OS = 12 psi / s_os
   activations:     per layer and micro-batch `ModelShape.activation_bytes` (+ the softmax
-                   probabilities without recomputation), for layers / pipe layers and every
+                   probabilities without recomputation, unless the cluster's
+                   ``schedule.attention`` is fused), for layers / pipe layers and every
                    micro-batch in flight (GPipe keeps all m; without a pipeline one); with
                    recomputation each layer keeps its input only, plus one layer's full set
   temporaries:     logits and their gradient (float32, vocab / tensor per token of a micro-batch);
@@ -35,7 +36,9 @@ precision moved: 4 psi float32, 2 psi mixed), level by level over the nested dat
                             mixed (ZeRO-3 style, layer by layer): forward and backward, every
                             micro-batch: 2 m (s_p - 1) / s_p n
   grad reduce-scatter:      level by level, innermost first, to n / data, once per step (mixed
-                            with s_p > 1: every micro-batch, no whole gradient is kept); then the
+                            with s_g > 1: over the levels inside s_g every micro-batch, as a
+                            sharded gradient keeps only its chunk of the sum; a replicated one,
+                            s_g = 1, sums the micro-batches locally); then the
                             all-gather back over the levels outside the gradient group (there a
                             hierarchical all-reduce): (k - 1)/k n per level as n shrinks k-fold
   param exchange:           the updated OS chunk all-gathered over the levels inside s_os and
@@ -117,9 +120,15 @@ def residual_values(lay: Layout, padded: int) -> int:
 
 
 def memory(
-    shape: ModelShape, lay: Layout, batch: int, seq: int, error_feedback: bool = False
+    shape: ModelShape,
+    lay: Layout,
+    batch: int,
+    seq: int,
+    error_feedback: bool = False,
+    attention: str = "materialized",
 ) -> Memory:
-    """Per device; `error_feedback`: the data levels' grad codec keeps residuals (float32: OS)."""
+    """Per device; `error_feedback`: the data levels' grad codec keeps residuals (float32: OS);
+    `attention` "fused": no layer keeps its softmax probabilities (``schedule.attention``)."""
     ep, eg, ea = PRECISIONS[lay.precision]
     size, padded = device_params(shape, lay)
     if lay.precision == "float32":
@@ -132,7 +141,9 @@ def memory(
         p, g, os_ = 2 * padded // lay.params, 2 * padded // lay.grads, 12 * padded // lay.optim
     b, tok = tokens_per_microbatch(lay, batch, seq)
     t, layers = lay.tensor, shape.layers // lay.pipe
-    full = shape.activation_bytes(tok, t, ea, False) + shape.attention_bytes(b, seq, t, ea)
+    full = shape.activation_bytes(tok, t, ea, False)
+    if attention != "fused":
+        full += shape.attention_bytes(b, seq, t, ea)
     inflight = lay.microbatches if lay.pipe > 1 else 1
     if lay.recompute:
         act = inflight * layers * shape.activation_bytes(tok, t, ea, True) + full
@@ -230,10 +241,10 @@ def collectives(
         for i in reversed(inside(lay.params)):
             add(i, "param", "all_gather", n, ep, count, "gather")
             n *= factors[i]
-    # gradient reduce-scatter, innermost first, to 1/data (once a step; per micro-batch inside
-    # s_g for a layer-wise s_p > 1, which keeps no whole gradient; per layer inside s_p for
-    # jaxhc's per-layer gathers, after the micro-batches' sum)
-    per_micro = layerwise and lay.params > 1
+    # gradient reduce-scatter, innermost first, to 1/data (once a step; in mixed precision per
+    # micro-batch inside a sharded gradient's group (s_g > 1), which keeps only its chunk of the
+    # sum; per layer inside s_p for jaxhc's per-layer gathers, after the micro-batches' sum)
+    per_micro = layerwise and lay.grads > 1  # a sharded gradient keeps no whole sum
     for whole, count in scatters:
         n = whole
         for i in inside(lay.params):

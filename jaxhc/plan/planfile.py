@@ -116,15 +116,19 @@ def plans(
     mesh=None,
     model_parallel="min",
     transport="xla",
+    micro_batch=None,
 ) -> list[Candidate]:
     """`jaxhc.plan.search` with `jaxhc plan`'s choices: `mesh` fixes tensor, pipe and
-    microbatches (data follows from the devices); `compression` (a policy) prices every plan's
-    traffic instead of trying `codecs` on the levels that cross nodes."""
+    microbatches (data follows from the devices), or `micro_batch` the sequences of a
+    micro-batch; `compression` (a policy) prices every plan's traffic instead of trying
+    `codecs` on the levels that cross nodes."""
     from jaxhc.plan.cost import codec_by_policy
 
     mesh = mesh or {}
     if "data" in mesh:
         raise ValueError("--mesh: data follows from the cluster's devices; give tensor and pipe")
+    if micro_batch is not None and "microbatches" in mesh:
+        raise ValueError("give --micro-batch or --mesh microbatches=, not both")
     codec_of = None
     if compression is not None:
         codec_of, codecs = codec_by_policy(compression), (f"policy {compression}",)
@@ -141,6 +145,7 @@ def plans(
         codec_of=codec_of,
         model_parallel=model_parallel,
         transport=transport,
+        micro_batch=micro_batch,
     )
 
 

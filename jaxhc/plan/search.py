@@ -5,7 +5,8 @@ layers that divide the devices; the data axis nested at the node boundary (the d
 node, when there are several and fewer than all) and at the plan's own sizes; every AMSP triple
 s_p <= s_g <= s_os (each dividing the next and data, s_g in {s_p, s_os}) of sizes that nest with
 the node (divide or are multiples of its data ranks); the flat-axis DDP, ZeRO-1/2/3 for
-comparison; micro-batches = pipe (1 without a pipeline or when the batch does not split so);
+comparison; micro-batches = pipe (1 without a pipeline or when the batch does not split so),
+or with a micro-batch size given, batch / (data x micro-batch) (gradient accumulation);
 each codec given for the data levels that cross nodes; with and without recomputation. By
 default only the smallest tensor x pipe at which a plan fits is kept (more model parallelism
 always moves fewer data-axis bytes, and what it costs, compute efficiency and pipeline bubbles,
@@ -78,6 +79,7 @@ def enumerate_layouts(
     pipes=None,
     transport: str = "xla",
     nesting: str = "node",
+    micro_batch: int | None = None,
 ):
     for t in tensors or [t for t in divisors(devices) if t <= per_node]:
         if devices % t:
@@ -87,6 +89,8 @@ def enumerate_layouts(
                 continue
             data = devices // (t * p)
             m = microbatches or (p if p > 1 and batch % (data * p) == 0 else 1)
+            if micro_batch:  # gradient accumulation: micro-batches of `micro_batch` sequences
+                m = max(1, -(-batch // (data * micro_batch)))
             node = per_node // (t * p) if per_node % (t * p) == 0 else 1
             sizes = [s for s in divisors(data) if node % s == 0 or s % node == 0]
             triples = set()
@@ -135,7 +139,7 @@ def evaluate(
     if why:
         return Candidate(lay, None, 0.0, 0.0, f"invalid: {why}")
     ef = lay.data > 1 and getattr(codec_of, "error_feedback", False)
-    mem = memory(shape, lay, batch, seq, error_feedback=ef)
+    mem = memory(shape, lay, batch, seq, error_feedback=ef, attention=cluster.attention)
     comms = collectives(shape, lay, batch, seq, cluster, codec_of or codec_by_spec(lay.codec))
     rejected = ""
     if mem.total > cluster.memory:
@@ -180,11 +184,14 @@ def search(
     codec_of=None,
     model_parallel: str = "min",
     transport: str = "xla",
+    micro_batch: int | None = None,
 ) -> list[Candidate]:
     """The candidates, ranked (fitting ones first, fastest first). `model_parallel` "min" keeps
     the smallest tensor x pipe at which a plan fits (without ``compute`` rates the model counts
     communication only, so more model parallelism always looks cheaper: it costs compute
-    efficiency and pipeline bubbles); "all" keeps every size.
+    efficiency and pipeline bubbles); "all" keeps every size. `micro_batch` (sequences per
+    micro-batch on a data rank) sets each plan's micro-batches, its gradient accumulation:
+    batch / (data x micro_batch), rounded up (`microbatches` fixes the count instead).
 
     >>> cluster = jaxhc.plan.cluster.local(devices=8, memory_gib=16)
     >>> rows = jaxhc.plan.search(jaxhc.plan.load_shape("gpt2-small"), cluster, batch=8, seq=1024,
@@ -207,6 +214,7 @@ def search(
         pipes,
         transport,
         cluster.nesting,
+        micro_batch,
     )
     rows = [evaluate(shape, lay, cluster, batch, seq, codec_of) for lay in layouts]
     if model_parallel not in ("min", "all"):

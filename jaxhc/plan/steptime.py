@@ -33,7 +33,10 @@ Communication: the step's collectives (`jaxhc.plan.cost.collectives`, each timed
         reduce-scatter and all-reduce) issued per layer as the backward produces it; the first
         gather of a pass and the last layer's reduction have nothing to hide behind, and the
         shared parameters' part (embedding, head), the exchange after the update, tensor and
-        pipeline traffic are not hidden.
+        pipeline traffic are not hidden. With several micro-batches a step (gradient
+        accumulation) the gathers and the sharded gradients' reduce-scatters recur in every
+        micro-batch's passes, and what the step reduces once (a replicated gradient's all-reduce,
+        a sharded one's reduction over its replicas) runs in the last micro-batch's backward.
   none: nothing hidden: step = compute + comm s.
 A collective of the whole vector that the step runs per layer (jaxhc's overlapped reductions,
 AMSP's layer-wise gathers and reductions; ``comm s`` counts it as one call a pass) is timed as
@@ -178,19 +181,24 @@ def overlapped(
         exposed = pass_time(layers, b, reduce=r) - layers * b
         return plain - first.seconds(cluster) + layers * r + shared, layers * r - exposed
     if cluster.overlap == "amsp":
-        m, total, g, r = lay.microbatches, plain, 0.0, 0.0
+        m, total, g, r, once = lay.microbatches, plain, 0.0, 0.0, 0.0
         for c in comms:
-            if c.role not in ("gather", "reduce") or c.count >= layers:
+            if c.role not in ("gather", "reduce") or (lay.per_layer and c.count >= layers):
                 continue  # not a whole-vector collective (jaxhc's per-layer gathers already are)
             one_call, shared = split(c)
             total += c.count * (layers * one_call + shared) - c.seconds(cluster)
             if c.role == "gather":
                 g += one_call * c.count / (2 * m)  # per pass, forward and backward
-            else:
+            elif c.count % m == 0:
                 r += one_call * c.count / m  # per backward pass
+            else:
+                once += one_call * c.count  # once a step: in the last micro-batch's backward
         f, b = work.layer_forward, work.layer_backward
-        exposed = pass_time(layers, f, g) - layers * f + pass_time(layers, b, g, r) - layers * b
-        return total, m * (layers * (2 * g + r) - exposed)
+        forward = pass_time(layers, f, g) - layers * f
+        backward = pass_time(layers, b, g, r) - layers * b
+        last = pass_time(layers, b, g, r + once) - layers * b
+        exposed = m * forward + (m - 1) * backward + last
+        return total, layers * (m * (2 * g + r) + once) - exposed
     return plain, 0.0
 
 
