@@ -11,31 +11,22 @@ call plain on every rank (its agreement runs on the progress thread's own commun
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import mpi_helpers as h
+import mpi_started as s
 import numpy as np
 import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+import jaxhc
+from jaxhc.collectives import started
+from jaxhc.transport import _mpi_fused
+
 pytestmark = [pytest.mark.mpi]
-
-h.skip_unless_fused_under_mpirun()
-
-from mpi4py import MPI  # noqa: E402
-
-import jaxhc  # noqa: E402
-from jaxhc.collectives import started  # noqa: E402
-from jaxhc.partition import local_block  # noqa: E402
-from jaxhc.transport import _mpi_fused  # noqa: E402
-
-WORLD = MPI.COMM_WORLD
-RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-LAYERS = 3
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "experiments" / "default.yaml"
+MPI, WORLD, RANK, SIZE, LAYERS = s.MPI, s.WORLD, s.RANK, s.SIZE, s.LAYERS
 
 
 def test_progress_threads_are_on():
@@ -75,11 +66,8 @@ def _bodies(codec):
 
 @functools.cache
 def _programs(codec):
-    launcher = jaxhc.Launcher({"x": SIZE, "y": 1}, "mpi")
-    overlapped, sync = _bodies(codec)
     specs = dict(in_specs=(P(None, "x"), P("x")), out_specs=(P(None, "x"), P("x"), P("x")))
-    xla = jaxhc.Launcher({"x": SIZE, "y": 1}, "xla").shard_map(sync, **specs)
-    return launcher, launcher.shard_map(overlapped, **specs), launcher.shard_map(sync, **specs), xla
+    return s.programs(*_bodies(codec), specs)
 
 
 def _inputs(case):
@@ -100,27 +88,16 @@ def _inputs(case):
 def test_started_calls_match_the_synchronous_ones(codec, case):
     rows, v = _inputs(case)
     launcher, overlapped, sync, xla = _programs(codec)
-    ref = None
-    if RANK == 0:
-        ref = jax.tree.map(np.asarray, xla(rows, v))
-    ref = WORLD.bcast(ref, root=0)
+    ref = s.on_rank0(lambda: jax.tree.map(np.asarray, xla(rows, v)))
     args = (launcher.put(rows, P(None, "x")), launcher.put(v, P("x")))
-    with jaxhc.accounting.Ledger() as on_ledger:
-        got = jax.block_until_ready(overlapped(*args))
-    with jaxhc.accounting.Ledger() as off_ledger:
-        want = jax.block_until_ready(sync(*args))
+    got, want, on, off = s.run_both(overlapped, sync, *args)
     with jaxhc.transport.use(launcher.transport):
         hlo = jax.jit(overlapped).lower(*args).as_text()
-    bad = []
     specs = (P(None, "x"), P("x"), P("x"))
-    for name, g, w, r, spec in zip(("scatter", "psum", "side"), got, want, ref, specs, strict=True):
-        if not h.bits_equal(g, w):
-            bad.append(f"{codec} {case} {name}: started != synchronous")
-        if not h.bits_equal(g, local_block(spec, r, launcher.grid.coords, launcher.mesh_shape)):
-            bad.append(f"{codec} {case} {name}: MPI != XLA")
+    names = ("scatter", "psum", "side")
+    bad = s.mismatches(f"{codec} {case}", launcher, names, got, want, ref, specs)
     if hlo.count("jaxhc_mpi_start") != 2 or hlo.count("jaxhc_mpi_done") != 2:
         bad.append(f"{codec}: {hlo.count('jaxhc_mpi_start')} starts in the program, not 2")
-    on, off = on_ledger.per_axis(devices=1)["x"], off_ledger.per_axis(devices=1)["x"]
     if on != off:
         bad.append(f"{codec} {case}: ledger {on} != {off}")
     if case == "nan" and not on["fallbacks"]:
@@ -176,15 +153,12 @@ TINY = [
 ]
 
 
-def _train(policy: str, overlap: bool, steps: int = 2):
-    """(losses, this rank's state blocks) after `steps` of `jaxhc train --transport mpi`'s step
-    on a data = SIZE mesh."""
-    from jaxhc.parallel import per_shard_train_step
+def _config(policy: str, overlap: bool):
+    """`jaxhc train --transport mpi`'s config of a data = SIZE mesh."""
     from jaxhc.train.config import load
-    from jaxhc.train.mpi import MpiRunner
 
-    cfg = load(
-        str(CONFIG),
+    return load(
+        str(s.CONFIG),
         TINY
         + [
             f"compression={policy}",
@@ -196,19 +170,6 @@ def _train(policy: str, overlap: bool, steps: int = 2):
             f"train.overlap={str(overlap).lower()}",
         ],
     )
-    runner = MpiRunner(cfg)
-    state = runner.init_state()
-    step = per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, cfg.policy, 0, overlap)
-    rows = runner.launcher.put(np.zeros((8, 17), np.int32), runner.rows)
-    with jaxhc.transport.use(runner.launcher.transport):
-        starts = str(jax.make_jaxpr(step)(state, rows)).count("jaxhc_mpi_start")
-    rng = np.random.default_rng(0)
-    losses = []
-    for _ in range(steps):
-        tokens = rng.integers(0, cfg.model.vocab_size, (8, 17), dtype=np.int32)
-        state, metrics = runner.step(state, tokens)
-        losses.append(np.float32(metrics["loss"]))
-    return cfg, losses, jax.tree.map(np.asarray, state), starts
 
 
 @pytest.mark.skipif(SIZE != 2, reason="-np 2 only (make test-mpi): 4 ranks compile 2x slower")
@@ -216,19 +177,12 @@ def _train(policy: str, overlap: bool, steps: int = 2):
 def test_overlapped_training_gives_the_same_bits(policy):
     """Losses and every state block bit for bit with the layers' reductions started in the
     backward and without, and the losses the XLA transport's."""
-    cfg, on_losses, on, starts = _train(policy, True)
-    _, off_losses, off, none = _train(policy, False)
-    ref = h.xla_losses(cfg) if RANK == 0 else None
-    ref = WORLD.bcast(ref, root=0)
+    cfg = _config(policy, True)
+    on, off = s.train(cfg), s.train(_config(policy, False))
+    ref = s.on_rank0(lambda: h.xla_losses(cfg))
     bad = []
+    starts, none = on[2], off[2]
     if starts != 1 or none != 0:  # one in the layer scan's backward
         bad.append(f"{policy}: {starts} started reductions with overlap, {none} without")
-    if [x.tobytes() for x in on_losses] != [x.tobytes() for x in off_losses]:
-        bad.append(f"{policy}: losses {on_losses} (overlap) vs {off_losses}")
-    if [x.tobytes() for x in on_losses] != [np.float32(x).tobytes() for x in ref]:
-        bad.append(f"{policy}: losses {on_losses} (MPI) vs {ref} (XLA)")
-    for a, b in zip(jax.tree.leaves(on), jax.tree.leaves(off), strict=True):
-        if not h.bits_equal(a, b):
-            bad.append(f"{policy}: a state block differs with overlap")
-            break
+    bad += s.same_training(policy, "overlap", on, off, ref)
     h.assert_on_every_rank(bad)

@@ -14,31 +14,22 @@ another level or of no call at all an engine error).
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import mpi_helpers as h
+import mpi_started as s
 import numpy as np
 import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+import jaxhc
+from jaxhc.collectives import started
+from jaxhc.transport import _mpi_fused
+
 pytestmark = [pytest.mark.mpi]
-
-h.skip_unless_fused_under_mpirun()
-
-from mpi4py import MPI  # noqa: E402
-
-import jaxhc  # noqa: E402
-from jaxhc.collectives import started  # noqa: E402
-from jaxhc.partition import local_block  # noqa: E402
-from jaxhc.transport import _mpi_fused  # noqa: E402
-
-WORLD = MPI.COMM_WORLD
-RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-LAYERS = 3
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "experiments" / "default.yaml"
+WORLD, RANK, SIZE, LAYERS = s.WORLD, s.RANK, s.SIZE, s.LAYERS
 
 
 def _bodies(codec, tiled):
@@ -68,11 +59,8 @@ def _bodies(codec, tiled):
 
 @functools.cache
 def _programs(codec, tiled):
-    launcher = jaxhc.Launcher({"x": SIZE, "y": 1}, "mpi")
-    overlapped, sync = _bodies(codec, tiled)
     specs = dict(in_specs=P(None, "x"), out_specs=(P("x"), P(None, "x")))
-    xla = jaxhc.Launcher({"x": SIZE, "y": 1}, "xla").shard_map(sync, **specs)
-    return launcher, launcher.shard_map(overlapped, **specs), launcher.shard_map(sync, **specs), xla
+    return s.programs(*_bodies(codec, tiled), specs)
 
 
 @pytest.mark.parametrize("tiled", [True, False])
@@ -82,24 +70,16 @@ def test_started_all_gathers_match_the_synchronous_ones(codec, tiled):
     rows = rng.standard_normal((LAYERS, SIZE * 5003)).astype(np.float32)
     rows *= np.geomspace(1e-3, 1e3, rows.shape[1], dtype=np.float32)
     launcher, overlapped, sync, xla = _programs(codec, tiled)
-    ref = jax.tree.map(np.asarray, xla(rows)) if RANK == 0 else None
-    ref = WORLD.bcast(ref, root=0)
-    x = launcher.put(rows, P(None, "x"))
-    with jaxhc.accounting.Ledger() as on_ledger:
-        got = jax.block_until_ready(overlapped(x))
-    with jaxhc.accounting.Ledger() as off_ledger:
-        want = jax.block_until_ready(sync(x))
+    ref = s.on_rank0(lambda: jax.tree.map(np.asarray, xla(rows)))
+    got, want, on, off = s.run_both(overlapped, sync, launcher.put(rows, P(None, "x")))
     bad = []
     shape = (1, LAYERS, SIZE * 5003) if tiled else (1, LAYERS, SIZE, 5003)
     if got[0].shape != shape:
         bad.append(f"{codec}: gathered {got[0].shape}, not {shape}")
     specs = (P("x"), P(None, "x"))
-    for name, g, w, r, spec in zip(("gather", "side"), got, want, ref, specs, strict=True):
-        if not h.bits_equal(g, w):
-            bad.append(f"{codec} tiled={tiled} {name}: started != synchronous")
-        if not h.bits_equal(g, local_block(spec, r, launcher.grid.coords, launcher.mesh_shape)):
-            bad.append(f"{codec} tiled={tiled} {name}: MPI != XLA")
-    on, off = on_ledger.per_axis(devices=1)["x"], off_ledger.per_axis(devices=1)["x"]
+    bad += s.mismatches(
+        f"{codec} tiled={tiled}", launcher, ("gather", "side"), got, want, ref, specs
+    )
     if on != off:
         bad.append(f"{codec} tiled={tiled}: ledger {on} != {off}")
     if _mpi_fused.outstanding():
@@ -167,34 +147,12 @@ def _config(plan: list[str], policy: str, overlap: bool):
     pipe = next((int(o.split("=")[1]) for o in plan if o.startswith("mesh.pipe=")), 1)
     extra = [f"mesh.shard.params={data}", "mesh.tensor=1", f"mesh.pipe={pipe}"]
     return load(
-        str(CONFIG),
+        str(s.CONFIG),
         TINY
         + plan
         + extra
         + [f"compression={policy}", "transport=mpi", f"train.overlap={str(overlap).lower()}"],
     )
-
-
-def _train(cfg, steps: int = 2):
-    """(losses, this rank's state blocks, starts in the step's program, ledger, calls left)."""
-    from jaxhc.parallel import per_shard_train_step
-    from jaxhc.train.mpi import MpiRunner
-
-    runner = MpiRunner(cfg)
-    state = runner.init_state()
-    step = per_shard_train_step(cfg.model, cfg.mesh, cfg.optim, cfg.policy, 0, cfg.train.overlap)
-    rows = runner.launcher.put(np.zeros((8, 17), np.int32), runner.rows)
-    with jaxhc.transport.use(runner.launcher.transport):
-        starts = str(jax.make_jaxpr(step)(state, rows)).count("jaxhc_mpi_start")
-    rng = np.random.default_rng(0)
-    losses = []
-    with jaxhc.accounting.Ledger() as ledger:
-        for _ in range(steps):
-            tokens = rng.integers(0, cfg.model.vocab_size, (8, 17), dtype=np.int32)
-            state, metrics = runner.step(state, tokens)
-            losses.append(np.float32(metrics["loss"]))
-    ledger = ledger.per_axis(devices=1, by_kind=True)
-    return losses, jax.tree.map(np.asarray, state), starts, ledger, _mpi_fused.outstanding()
 
 
 @pytest.mark.parametrize(
@@ -205,21 +163,13 @@ def test_prefetched_zero3_training_gives_the_same_bits(name, plan, which, policy
     ahead and without; the losses the XLA transport's."""
     chosen = policy if which == "policy" else which
     on_cfg, off_cfg = _config(plan, chosen, True), _config(plan, chosen, False)
-    on_losses, on, starts, on_ledger, on_left = _train(on_cfg)
-    off_losses, off, none, off_ledger, _ = _train(off_cfg)
-    ref = h.xla_losses(on_cfg) if RANK == 0 else None
-    ref = WORLD.bcast(ref, root=0)
+    on, off = s.train(on_cfg, ledger=True), s.train(off_cfg, ledger=True)
+    (*_, starts, on_ledger, on_left), (*_, none, off_ledger, _) = on, off
+    ref = s.on_rank0(lambda: h.xla_losses(on_cfg))
     bad = []
     if not starts or none:
         bad.append(f"{name}: {starts} started calls in the program with overlap, {none} without")
-    if [x.tobytes() for x in on_losses] != [x.tobytes() for x in off_losses]:
-        bad.append(f"{name}: losses {on_losses} (prefetch) vs {off_losses}")
-    if [x.tobytes() for x in on_losses] != [np.float32(x).tobytes() for x in ref]:
-        bad.append(f"{name}: losses {on_losses} (MPI) vs {ref} (XLA)")
-    for a, b in zip(jax.tree.leaves(on), jax.tree.leaves(off), strict=True):
-        if not h.bits_equal(a, b):
-            bad.append(f"{name}: a state block differs with prefetch")
-            break
+    bad += s.same_training(name, "prefetch", on, off, ref)
     if on_ledger != off_ledger:
         bad.append(f"{name}: ledger {on_ledger} (prefetch) vs {off_ledger}")
     if on_left:

@@ -24,13 +24,14 @@ A state that holds NaN/Inf on any process is refused by all of them (nothing is 
 previous checkpoint stays). The directory must be one that every process sees (a shared file
 system): process 0 writes a token there first and every process checks that it reads it back,
 refusing in one line otherwise.
+
+The files of a step and their checks: `jaxhc.train.checkpoint_files`; reading a step back (its
+checks against the run, residuals onto another data size): `jaxhc.train.checkpoint_restore`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import math
 import os
 import shutil
 import socket
@@ -43,23 +44,28 @@ import numpy as np
 import tensorstore as ts
 
 from jaxhc import partition
-from jaxhc.parallel.canonical import Canonical, extract, insert
+from jaxhc.parallel.canonical import Canonical, extract
 from jaxhc.parallel.state import Plan
 from jaxhc.train.checkpoint_files import (
     FORMAT,
     META,
     TOKEN,
+    Arrays,
     Group,
     damage,
     digest,
     hash_share,
+    kvstore,
+)
+from jaxhc.train.checkpoint_restore import (
+    Corrupt,
+    check_matches,
+    read_blocks,
+    read_meta,
+    residual_rule,
 )
 
-log = logging.getLogger(__name__)
-
-
-class _Corrupt(ValueError):
-    """A checkpoint's meta.json that cannot be what was written."""
+__all__ = ["META", "Checkpoints", "Group", "all_finite"]
 
 
 def all_finite(tree) -> bool:
@@ -170,7 +176,7 @@ class Checkpoints:
                     "dtype": a.dtype.str,
                     "compressor": None,
                 }
-                spec = {"driver": "zarr", "kvstore": _kvstore(tmp, name), "metadata": metadata}
+                spec = {"driver": "zarr", "kvstore": kvstore(tmp, name), "metadata": metadata}
                 futures.append(ts.open(spec, create=True, context=self._context))
         for f in futures:
             f.result()
@@ -192,7 +198,7 @@ class Checkpoints:
     def _write(self, tmp: str, canon: Canonical, blocks, scalars: dict) -> None:
         """Write the owned pieces, one leaf at a time: a leaf is brought to the host (if it is
         on a device) and its writes finish before the next leaf's start."""
-        stores: dict = {}
+        arrays = Arrays(tmp, self._context)
         for coords, leaves in blocks:
             pieces = [p for p in canon.pieces(coords) if p.owner]
             for leaf in sorted({p.leaf for p in pieces}):
@@ -202,8 +208,7 @@ class Checkpoints:
                     if not piece.box:
                         scalars[piece.name] = host.item()
                         continue
-                    store = self._open(stores, tmp, piece.name)
-                    futures.append(store[piece.box].write(extract(piece, host)))
+                    futures.append(arrays[piece.name][piece.box].write(extract(piece, host)))
                 for f in futures:
                     f.result()
 
@@ -251,29 +256,12 @@ class Checkpoints:
         which keeps their total, with a logged warning. Checks run before the first block is made:
         a missing checkpoint or one of another model is a ValueError naming the array.
         """
-        step = self._resolve(step)
-        problem = self.verify(step)
-        if problem is not None:
-            raise ValueError(f"{problem}; {self._hint(step)}")
-        step, meta = self._meta(step)
+        step, meta = self._verified(step)
         canon = Canonical(plan)
-        path = os.path.join(self.directory, str(step))
-        stored = meta["arrays"]
-        for name, a in canon.arrays.items():
-            if _is_residual(name):
-                continue
-            want = _describe(a)
-            if name not in stored:
-                raise ValueError(f"checkpoint {path} does not match this run: it has no {name}")
-            if stored[name] != want:
-                got = stored[name]
-                raise ValueError(
-                    f"checkpoint {path} does not match this run: {name} is "
-                    f"{np.dtype(got['dtype']).name}{list(got['shape'])} there, "
-                    f"{a.dtype.name}{list(a.shape)} here"
-                )
-        spread = self._residual_rule(path, canon, meta)
-        return self._read(path, canon, meta, coords, spread)
+        path = self._path(step)
+        check_matches(path, canon, meta["arrays"])
+        spread = residual_rule(path, canon, meta)
+        return read_blocks(Arrays(path, self._context), canon, meta, coords, spread)
 
     def _resolve(self, step: int | None) -> int:
         step = self.latest_step() if step is None else step
@@ -289,27 +277,23 @@ class Checkpoints:
 
     def _meta(self, step):
         step = self._resolve(step)
-        path = os.path.join(self.directory, str(step), META)
-        try:
-            with open(path) as f:
-                meta = json.load(f)
-        except FileNotFoundError:
-            raise ValueError(f"no checkpoint of step {step} in {self.directory}") from None
-        except (OSError, ValueError) as e:
-            raise _Corrupt(f"checkpoint file {path} is corrupt: {e}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            got = meta.get("format") if isinstance(meta, dict) else None
-            raise ValueError(f"{path}: format {got!r} is not {FORMAT!r}")
-        if meta.get("digest") != digest(meta):
-            raise _Corrupt(f"checkpoint file {path} is corrupt: its bytes differ from when written")
-        return step, meta
+        return step, read_meta(self.directory, step)
+
+    def _verified(self, step: int | None) -> tuple[int, dict]:
+        """(step, meta.json) of checkpoint `step` (default: the latest), every file of it checked
+        first: a ValueError naming what is wrong and where to resume from instead."""
+        step = self._resolve(step)
+        problem = self.verify(step)
+        if problem is not None:
+            raise ValueError(f"{problem}; {self._hint(step)}")
+        return self._meta(step)
 
     def verify(self, step: int) -> str | None:
         """None if every file of checkpoint `step` is as it was written; else what is wrong (one
         line naming the file). Every process of the group calls it; each reads a share."""
         try:
             _, meta = self._meta(step)
-        except _Corrupt as e:
+        except Corrupt as e:
             return str(e)
         return self.group.first_error(damage(self._path(step), meta, self.group))
 
@@ -326,81 +310,15 @@ class Checkpoints:
     def _path(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
-    def _residual_rule(self, path, canon: Canonical, meta) -> int | None:
-        """None: residuals map exactly (or there are none to restore); else the writer's data
-        size, whose residuals are summed and spread."""
-        wanted = any(_is_residual(n) for n in canon.arrays)
-        stored = any(_is_residual(n) for n in meta["arrays"])
-        if not wanted:
-            if stored:
-                log.warning("%s: error-feedback residuals not restored (this run keeps none)", path)
-            return None
-        if not stored:
-            log.warning("%s: no error-feedback residuals there; they start at zero", path)
-            return None
-        old = meta["mesh"]["data"]
-        levels = meta.get("residual_levels", [old])  # before nested levels: one, all of data
-        if old == canon.mesh_shape["data"] and levels == canon.residual_levels:
-            return None
-        log.warning(
-            "%s: written with data=%d (reduction levels %s), resumed with data=%d (levels %s): "
-            "each element's error-feedback residuals are summed and spread evenly over the new "
-            "data ranks",
-            path,
-            old,
-            levels,
-            canon.mesh_shape["data"],
-            canon.residual_levels,
-        )
-        return old
-
-    def _read(self, path, canon: Canonical, meta, coords, spread) -> Iterator:
-        stores: dict = {}
-        has_residual = any(_is_residual(n) for n in meta["arrays"])
-        stored_levels = sorted({n.split("/")[0] for n in meta["arrays"] if _is_residual(n)})
-        for c in coords:
-            leaves = canon.zero_block()
-            for piece in canon.pieces(c):
-                if not piece.box:
-                    value = meta["scalars"][piece.name]
-                    leaves[piece.leaf][...] = value
-                    continue
-                if _is_residual(piece.name):
-                    if not has_residual:
-                        continue
-                    if spread is not None:
-                        # Every stored level's residuals of these elements (a rank's row holds
-                        # its chunk of a level, zeros elsewhere) into the first level.
-                        level, rest_name = piece.name.split("/", 1)
-                        if level != "residual":
-                            continue
-                        rest = piece.box[1:]
-                        total = 0.0
-                        for stored_level in stored_levels:
-                            store = self._open(stores, path, f"{stored_level}/{rest_name}")
-                            total = total + sum(
-                                store[(slice(d, d + 1), *rest)].read().result().astype(np.float64)
-                                for d in range(spread)
-                            )
-                        insert(piece, leaves[piece.leaf], total / canon.mesh_shape["data"])
-                        continue
-                store = self._open(stores, path, piece.name)
-                _read_into(piece, leaves[piece.leaf], store[piece.box])
-            yield c, leaves
-
     def read_arrays(self, prefix: str, step: int | None = None) -> tuple[int, dict]:
         """(step, {name: array}) of the whole canonical arrays whose names start with `prefix`
         (``"params/"``: the model in its single layout, whatever mesh wrote it) of checkpoint
         `step` (default: the latest), its files verified first: what tools that need the model
         alone read (`jaxhc generate`, `eval`, `export`)."""
-        step = self._resolve(step)
-        problem = self.verify(step)
-        if problem is not None:
-            raise ValueError(f"{problem}; {self._hint(step)}")
-        step, meta = self._meta(step)
-        path, stores = self._path(step), {}
+        step, meta = self._verified(step)
+        arrays = Arrays(self._path(step), self._context)
         names = [n for n in meta["arrays"] if n.startswith(prefix)]
-        return step, {n: self._open(stores, path, n).read().result() for n in names}
+        return step, {n: arrays[n].read().result() for n in names}
 
     def read_global(self, plan: Plan, step: int | None = None):
         """The checkpoint as a TrainState of global host arrays in the layout of `plan`'s mesh
@@ -415,39 +333,6 @@ class Checkpoints:
             for i, spec in enumerate(specs)
         ]
         return canon.unflatten(leaves)
-
-    def _open(self, stores: dict, root: str, name: str):
-        if name not in stores:
-            spec = {"driver": "zarr", "kvstore": _kvstore(root, name)}
-            stores[name] = ts.open(spec, open=True, context=self._context).result()
-        return stores[name]
-
-
-def _read_into(piece, leaf: np.ndarray, source) -> None:
-    """Read the stored box `source` straight into its place in `leaf` (what `insert` does with a
-    read array, without the temporary copy: a restore then holds its blocks and tensorstore's
-    chunk buffers, not a second copy of the largest piece)."""
-    n = math.prod(source.shape)
-    flat = leaf.reshape(-1)
-    if n != math.prod(piece.shape) or not np.shares_memory(flat, leaf):
-        insert(piece, leaf, source.read().result())  # not a view of the leaf: copy it in
-        return
-    view = flat[piece.start : piece.start + n].reshape(source.shape)
-    ts.array(view, copy=False, write=True).write(source.translate_to[0]).result()
-
-
-def _is_residual(name: str) -> bool:
-    """Whether canonical array `name` holds error-feedback residuals (of any reduction level)."""
-    level = name.split("/")[0]
-    return level == "residual" or level.startswith("residual.")
-
-
-def _kvstore(root: str, name: str) -> dict:
-    return {"driver": "file", "path": os.path.join(root, *name.split("/")) + "/"}
-
-
-def _describe(a) -> dict:
-    return {"shape": list(a.shape), "dtype": a.dtype.str}
 
 
 def _listdir(directory: str) -> list[str]:

@@ -1,6 +1,7 @@
-"""The files of a sharded checkpoint (`jaxhc.train.checkpoint`): which they are, their sizes and
-SHA-256 hashes recorded at save time, and the checks of them at restore time, each process taking
-a share; `Group`, the processes that checkpoint together.
+"""The files of a sharded checkpoint (`jaxhc.train.checkpoint`): where each canonical array's zarr
+store lies (`kvstore`, `Arrays`), which files there are, their sizes and SHA-256 hashes recorded at
+save time, and the checks of them at restore time, each process taking a share; `Group`, the
+processes that checkpoint together.
 """
 
 from __future__ import annotations
@@ -9,9 +10,22 @@ import hashlib
 import json
 import os
 
+import tensorstore as ts
+
 from jaxhc.data.sources import hash_file
 
-__all__ = ["FORMAT", "META", "TOKEN", "Group", "damage", "digest", "files", "hash_share"]
+__all__ = [
+    "FORMAT",
+    "META",
+    "TOKEN",
+    "Arrays",
+    "Group",
+    "damage",
+    "digest",
+    "files",
+    "hash_share",
+    "kvstore",
+]
 
 FORMAT = "jaxhc-sharded-1"
 META = "meta.json"
@@ -40,6 +54,27 @@ class Group:
     def first_error(self, error: str | None) -> str | None:
         """The first process's error (naming it), on every process; None if there is none."""
         return error
+
+
+def kvstore(root: str, name: str) -> dict:
+    """The tensorstore key-value store of canonical array `name` under `root` (a folder per
+    ``/``-separated part of the name)."""
+    return {"driver": "file", "path": os.path.join(root, *name.split("/")) + "/"}
+
+
+class Arrays:
+    """The zarr arrays of the checkpoint folder `root`, by canonical name, each opened once."""
+
+    def __init__(self, root: str, context: ts.Context):
+        self.root = root
+        self.context = context
+        self._open: dict = {}
+
+    def __getitem__(self, name: str):
+        if name not in self._open:
+            spec = {"driver": "zarr", "kvstore": kvstore(self.root, name)}
+            self._open[name] = ts.open(spec, open=True, context=self.context).result()
+        return self._open[name]
 
 
 def files(root: str) -> list[str]:
