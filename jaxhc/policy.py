@@ -44,6 +44,12 @@ or ``off`` / ``null`` for plain `jax.lax` collectives. Axes that are not listed 
 for the sub-axes ``data.0``, ``data.1``, ... of a nested data axis (`jaxhc.parallel.amsp`), which
 take the entry of ``data`` unless they have their own (e.g. a lighter codec inside a node).
 
+``warmup_steps: N`` (with ``warmup_codec:``, a codec entry, ``q8`` unless given) makes the trainer's
+first N steps send the data-axis gradients with ``warmup_codec`` instead (`Policy.warming`), the
+rest of the policy unchanged; error-feedback residuals carry on across the switch, so with
+``error_feedback`` the warm-up codec must be lossy too. Only the training loop switches (`jaxhc
+train`); a step built directly from the policy (`make_train_step`) runs its steady codecs.
+
 The traffic kinds, the dtype keys and the shipped presets:
 
 >>> from jaxhc.policy import DTYPES, KINDS, PRESETS
@@ -88,6 +94,8 @@ class PolicyKeys:
     name: Any = None
     min_bytes: int = 65536
     axes: dict[str, Any] | None = None
+    warmup_steps: Any = 0
+    warmup_codec: Any = "q8"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +143,45 @@ class Policy:
     name: str = "custom"
     axes: tuple[tuple[str, AxisPolicy], ...] = ()
     min_bytes: int = 65536
+    warmup_steps: int = 0  # the trainer's first steps send data-axis gradients with warmup_codec
+    warmup_codec: Codec | None = Quant(bits=8)
 
     def __post_init__(self):
         if isinstance(self.min_bytes, bool) or not isinstance(self.min_bytes, int):
             raise ValueError(f"policy {self.name}: min_bytes {self.min_bytes!r} must be an integer")
         if self.min_bytes < 0:
             raise ValueError(f"policy {self.name}: min_bytes {self.min_bytes} must be >= 0")
+        steps = self.warmup_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"policy {self.name}: warmup_steps={steps!r} must be an integer >= 0")
+        codec = self.warmup_codec
+        if steps and self._asked("data", "error_feedback") and (codec is None or codec.lossless):
+            raise ValueError(
+                f"policy {self.name}: warmup_codec={_spec(codec)!r} must be lossy (zfp, q8, q4): "
+                "axes.data.error_feedback carries residuals through the warm-up"
+            )
+
+    def warming(self) -> Policy:
+        """The policy of the warm-up steps: every data axis entry (``data`` and its sub-axes
+        ``data.<i>``) sends ``grad`` traffic with `warmup_codec`, the rest as this policy.
+
+        >>> p = jaxhc.Policy.from_dict({"axes": {"data": "q4:h"}, "warmup_steps": 50}, name="w")
+        >>> p.warming().codec_for("data", "grad").spec, p.warming().codec_for("data", "param").spec
+        ('q8', 'q4:h')
+        """
+        axes = []
+        for axis, entry in self.axes:
+            if axis == "data" or axis.startswith("data."):
+                overrides = tuple(o for o in entry.overrides if o[0] != "grad")
+                entry = dataclasses.replace(
+                    entry,
+                    overrides=(*overrides, ("grad", self.warmup_codec)),
+                    dtypes=tuple(d for d in entry.dtypes if d[0] != "grad"),
+                )
+            axes.append((axis, entry))
+        return dataclasses.replace(
+            self, name=f"{self.name}:warmup", axes=tuple(axes), warmup_steps=0
+        )
 
     def codec_for(self, axis_name, kind: str | None = None, dtype=None) -> Codec | None:
         """The codec for traffic of `kind` and `dtype` over `axis_name` (a name or a tuple).
@@ -210,7 +251,15 @@ class Policy:
             (axis, _axis_policy(entry, f"policy {name}: axes.{axis}"))
             for axis, entry in (keys.axes or {}).items()
         )
-        return cls(name=name, axes=parsed, min_bytes=keys.min_bytes)
+        warm = _codec(keys.warmup_codec, f"policy {name}: warmup_codec")
+        _check_saving(warm, jnp.float32, f"policy {name}: warmup_codec")
+        return cls(
+            name=name,
+            axes=parsed,
+            min_bytes=keys.min_bytes,
+            warmup_steps=keys.warmup_steps,
+            warmup_codec=warm,
+        )
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> Policy:
@@ -255,7 +304,10 @@ class Policy:
                 if getattr(ap, key):
                     entry[key] = True
             axes[axis] = entry
-        return {"name": self.name, "min_bytes": self.min_bytes, "axes": axes}
+        out = {"name": self.name, "min_bytes": self.min_bytes, "axes": axes}
+        if self.warmup_steps or self.warmup_codec != Quant(bits=8):
+            out.update(warmup_steps=self.warmup_steps, warmup_codec=_spec(self.warmup_codec))
+        return out
 
 
 def _fidelity(codec: Codec | None) -> float:
@@ -327,7 +379,10 @@ def _check_saving(codec: Codec | None, dtype, where: str) -> None:
     if codec is None or codec.lossless or not codec.supports(dtype):
         return
     dtype = jnp.dtype(dtype)
-    bits = codec.payload_bytes(_SAMPLE, dtype) * 8 / _SAMPLE
+    try:
+        bits = codec.payload_bytes(_SAMPLE, dtype) * 8 / _SAMPLE
+    except ValueError as e:  # e.g. a ZFP rate out of the dtype's range
+        raise ValueError(f"{where}: {e}") from None
     if bits >= 8 * dtype.itemsize:
         raise ValueError(
             f"{where}: lossy {codec.spec} sends {bits:g} bits per {dtype.name} value, no fewer "

@@ -88,8 +88,11 @@ class Runner(abc.ABC):
         """The latest checkpoint's state, laid out for this mesh (whatever mesh wrote it)."""
 
     @abc.abstractmethod
-    def step(self, state: TrainState, tokens: np.ndarray) -> tuple[TrainState, dict]:
-        """One train step on the global batch; returns the new state and host metrics."""
+    def step(
+        self, state: TrainState, tokens: np.ndarray, warm: bool = False
+    ) -> tuple[TrainState, dict]:
+        """One train step on the global batch; returns the new state and host metrics. `warm`:
+        a warm-up step, run under the policy's `jaxhc.Policy.warming` (its ``warmup_steps``)."""
 
     @abc.abstractmethod
     def eval_loss(self, params, tokens: np.ndarray) -> float: ...
@@ -148,7 +151,12 @@ class XlaRunner(Runner):
         self.mesh = make_mesh(cfg.mesh, devices)
         policy = cfg.policy
         self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
-        self._step = make_train_step(
+        self._steps = step_programs(cfg, self._make_step)
+        self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
+
+    def _make_step(self, policy):
+        cfg = self.cfg
+        return make_train_step(
             cfg.model,
             cfg.mesh,
             cfg.optim,
@@ -157,7 +165,6 @@ class XlaRunner(Runner):
             cfg.train.fidelity_every,
             cfg.train.overlap,
         )
-        self._eval = make_eval_loss(cfg.model, cfg.mesh, self.mesh, policy)
 
     def init_state(self, init=None):
         cfg = self.cfg
@@ -199,8 +206,8 @@ class XlaRunner(Runner):
         ]
         return jax.tree.unflatten(jax.tree.structure(state), leaves)
 
-    def step(self, state, tokens):
-        state, metrics = self._step(state, self._place(tokens))
+    def step(self, state, tokens, warm=False):
+        state, metrics = self._steps[warm](state, self._place(tokens))
         return state, jax.device_get(metrics)
 
     def eval_loss(self, params, tokens):
@@ -220,6 +227,26 @@ class XlaRunner(Runner):
                 yield c, [s[device] for s in shards]
 
         return checkpoints.save(step, self.plan, blocks(), finite=all_finite(state))
+
+
+def step_programs(cfg: ExperimentConfig, make_step) -> dict:
+    """``{False: the steady step, True: the warm-up step}`` from ``make_step(policy)``; the
+    warm-up step (`jaxhc.Policy.warming`) only where ``warmup_steps`` asks for one. Both keep the
+    same train state (a one-line error where the warm-up policy would not)."""
+    policy = cfg.policy
+    steps = {False: make_step(policy)}
+    if policy.warmup_steps:
+        warm = policy.warming()
+        if (
+            Plan(cfg.model, cfg.mesh, cfg.optim, warm).state_specs
+            != Plan(cfg.model, cfg.mesh, cfg.optim, policy).state_specs
+        ):
+            raise ValueError(
+                f"policy {policy.name}: warmup_codec={warm.codec_for('data', 'grad').spec!r} "
+                "changes the train state (error feedback): choose a lossy warm-up codec"
+            )
+        steps[True] = make_step(warm)
+    return steps
 
 
 def run_loop(
@@ -280,7 +307,7 @@ def run_loop(
             ledger.reset()
             t0 = time.perf_counter()
             with ledger:
-                state, metrics = runner.step(state, tokens)
+                state, metrics = runner.step(state, tokens, step < cfg.policy.warmup_steps)
             seconds = time.perf_counter() - t0
             loss, skipped = float(metrics["loss"]), bool(metrics["skipped"])
             skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0

@@ -39,7 +39,7 @@ from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.state import Plan
 from jaxhc.train.checkpoint import Group, all_finite
 from jaxhc.train.config import ExperimentConfig
-from jaxhc.train.loop import Runner, check_config, run_loop
+from jaxhc.train.loop import Runner, check_config, run_loop, step_programs
 from jaxhc.train.progress import Progress
 
 TRAFFIC_FIELDS = ("raw_bytes", "wire_bytes", "fallbacks", "calls")
@@ -129,18 +129,22 @@ class MpiRunner(Runner):
         self.plan = Plan(cfg.model, cfg.mesh, cfg.optim, policy)
         self.specs = shard.on_view(self.plan.state_specs)
         self.rows = P(shard.data_axis)
-        self._step = self.launcher.shard_map(
+        self._steps = step_programs(cfg, self._make_step)
+        self._eval = self.launcher.shard_map(
+            per_shard_eval_loss(cfg.model, cfg.mesh, policy, shard.data_axis),
+            in_specs=(self.specs.params, self.rows),
+            out_specs=P(),
+        )
+
+    def _make_step(self, policy):
+        cfg = self.cfg
+        return self.launcher.shard_map(
             per_shard_train_step(
                 cfg.model, cfg.mesh, cfg.optim, policy, cfg.train.fidelity_every, cfg.train.overlap
             ),
             in_specs=(self.specs, self.rows),
             out_specs=(self.specs, METRIC_SPECS),
             donate_argnums=0,  # the state is updated in place, as the XLA loop's is
-        )
-        self._eval = self.launcher.shard_map(
-            per_shard_eval_loss(cfg.model, cfg.mesh, policy, shard.data_axis),
-            in_specs=(self.specs.params, self.rows),
-            out_specs=P(),
         )
 
     def raise_if_any(self, error):
@@ -189,9 +193,9 @@ class MpiRunner(Runner):
 
         return partition.map_specs(one, self.specs, tree)
 
-    def step(self, state, tokens):
+    def step(self, state, tokens, warm=False):
         rows = self.launcher.put(tokens, self.rows)
-        state, metrics = self._step(state, rows)
+        state, metrics = self._steps[warm](state, rows)
         return state, jax.device_get(metrics)
 
     def eval_loss(self, params, tokens):
