@@ -82,7 +82,7 @@ MPIRUN = timeout -k 10 $(MPI_TIMEOUT) mpirun --oversubscribe --allow-run-as-root
 MPI_ENV = PYTHONPATH=tests XLA_FLAGS=--xla_force_host_platform_device_count=4 OMPI_MCA_mpi_yield_when_idle=1
 MPI_PYTEST = $(BIN)/python -m pytest -q -p mpi_plugin -p no:cacheprovider --timeout=150 -m mpi \
   tests/test_mpi_transport.py tests/test_mpi_fused.py tests/test_overlap_mpi.py \
-  tests/test_prefetch_mpi.py
+  tests/test_prefetch_mpi.py tests/test_keep_mpi.py
 
 # The job sizes (`make test` runs 4 alone: its 2 x 2 meshes put every collective on axes of 2
 # ranks too, and tests/test_train_mpi.py's 2 x 2 x 2 runs fuse over pairs; CI time).

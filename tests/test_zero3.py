@@ -94,8 +94,9 @@ def test_every_chunk_holds_each_layers_own_chunk(data, tensor, pipe):
     ]
 
 
-def test_gather_must_be_layer_or_whole():
-    with pytest.raises(ValueError, match=r"mesh.shard.gather='layers' must be one of layer, whole"):
+def test_gather_must_be_layer_whole_or_keep():
+    message = r"mesh.shard.gather='layers' must be one of layer, whole, keep"
+    with pytest.raises(ValueError, match=message):
         MeshConfig(8, shard={"params": 8, "gather": "layers"})
 
 

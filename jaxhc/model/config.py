@@ -131,7 +131,7 @@ class GPTConfig:
         return self.tie_word_embeddings
 
 
-GATHERS = ("layer", "whole")  # how sharded parameters are gathered (`ShardConfig.gather`)
+GATHERS = ("layer", "whole", "keep")  # how sharded parameters are gathered (`ShardConfig.gather`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +148,10 @@ class ShardConfig:
     ``gather`` (sharded parameters, params > 1): ``layer`` (default) gathers each transformer
     layer's parameters just before it runs, forward and again backward, so a device holds one
     layer's at a time (ZeRO-3); ``whole`` gathers all of them once per step, in fewer, larger
-    messages (high-latency links), and holds them through the backward.
+    messages (high-latency links), and holds them through the backward; ``keep`` gathers each
+    layer's in the forward, the next layer's while one runs where the transport can start a
+    gather, and holds them through the backward (`jaxhc.parallel.keep`: ZeRO-1's bits and memory
+    during the step, and the all-gather after ZeRO-1's update overlapped with the next forward).
     """
 
     params: int | None = None

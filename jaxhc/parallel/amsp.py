@@ -90,8 +90,9 @@ class ShardPlan:
 
     @property
     def per_layer(self) -> bool:
-        """Whether sharded parameters are gathered layer by layer, forward and backward."""
-        return self.sharded_params and self.gather == "layer"
+        """Whether sharded parameters are gathered layer by layer (forward and backward, or
+        forward and kept: ``keep``)."""
+        return self.sharded_params and self.gather in ("layer", "keep")
 
     def view(self, mesh: Mesh) -> Mesh:
         """`mesh` (axes "data", "tensor", "pipe") with "data" factored into the sub-axes."""

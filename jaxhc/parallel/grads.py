@@ -19,7 +19,7 @@ from jaxhc.collectives import started
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig
 from jaxhc.model.tensor_parallel import TensorParallel
-from jaxhc.parallel import prefetch, zero
+from jaxhc.parallel import keep, prefetch, zero
 from jaxhc.parallel.layout import ALIGN, PAIRED
 from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan
@@ -192,7 +192,9 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
     the shared parameters so, and each layer's part of the chunk inside the layer scan, forward
     and again backward (`zero.layer_fetch`; with `overlap`, started a layer ahead where the
     transport can: `jaxhc.parallel.prefetch`); the layers' gradients are reduce-scattered one
-    layer at a time (`zero.scatter_layers`)."""
+    layer at a time (`zero.scatter_layers`). ``keep``: each layer's part gathered in the forward
+    only (`jaxhc.parallel.keep`), its gradient's reduce-scatter started in the backward where
+    the transport can."""
     shard, layout = plan.shard, plan.layout
     summed = functools.partial(sum_shared, data=shard.axes)
     scattered = len(shard.param_axes)
@@ -212,10 +214,17 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
         gather = zero.gather_params(
             layout.shared_tree, lambda ct: layout.shared_flat(summed(ct)), shard
         )
-        fetch = prefetch.layer_fetch(layout, shard, overlap)
         shared, pieces = layout.split(chunk)
         parts = [layout.split(r) for r in mine]  # per level: (shared part, layers' parts)
-        sink = jnp.zeros((layout.layers, layout.layer_values), jnp.float32)
+        width, finish = layout.layer_values, None
+        if shard.gather == "keep":  # gathered ahead in the forward, kept for the backward
+            codecs = zero.whole_codecs(layout, shard)
+            start = overlap and mesh_cfg.microbatches == 1 and residual is None
+            reduce_row, pad, width, finish = keep.row_reducer(layout, shard, codecs, start)
+            fetch = keep.Keep(layout, shard, reduce_row, pad, overlap)
+        else:
+            fetch = prefetch.layer_fetch(layout, shard, overlap)
+        sink = jnp.zeros((layout.layers, width), jnp.float32)
 
         def objective(shared, sink, residuals):
             params = {**gather(shared, residuals), "blocks": (pieces, sink)}
@@ -225,13 +234,15 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
         local, (g, layers, done) = jax.value_and_grad(objective, argnums=(0, 1, 2))(
             shared, sink, res
         )
-        layers = layout.pad_layers(layers)
         steps = zero.levels(shard)[:scattered]
-        if mine:
+        if finish is not None:  # the first level's reduce-scatters started in the backward
+            layers = finish(layers)
+        elif mine:
+            layers = layout.pad_layers(layers)
             layers, new = zero.scatter_layers(layers, steps, [p[1] for p in parts])
             done = tuple(layout.join(s, n) for s, n in zip(done, new, strict=True))
         else:
-            layers = zero.scatter_layers(layers, steps)
+            layers = zero.scatter_layers(layout.pad_layers(layers), steps)
         g = layout.join(g, layers)
     loss = zero.psum_scalar(local, (*shard.axes, "pipe"))
     g, opt_state = zero.reduce(g, opt_state, layout, shard, scattered, done)

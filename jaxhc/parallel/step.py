@@ -36,7 +36,7 @@ from jaxhc import context
 from jaxhc._compat import axis_tuple
 from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig, OptimConfig, validate
-from jaxhc.parallel import fidelity, zero
+from jaxhc.parallel import fidelity, keep, zero
 from jaxhc.parallel import grads as shard_grads
 from jaxhc.parallel.state import Plan, TrainState, check_mesh, shardings
 from jaxhc.policy import Policy
@@ -108,9 +108,14 @@ def per_shard_train_step(
         before = _local_opt(state.opt_state)
         if shard.sharded_params:
             params = params.reshape(-1)  # this rank's flat parameter chunk
-            loss, g, opt_state = shard_grads.sharded_loss_and_grads(
-                params, before, tokens, model_cfg, mesh_cfg, plan, overlap
-            )
+            sharded = functools.partial(
+                shard_grads.sharded_loss_and_grads,
+                params, before, tokens, model_cfg, mesh_cfg, plan, overlap,
+            )  # fmt: skip
+            if shard.gather == "keep":  # step 0 on the exact parameters, as ZeRO-1's
+                loss, g, opt_state = keep.first_step(state.step, shard, sharded)
+            else:
+                loss, g, opt_state = sharded()
             local = None
         elif overlap and shard_grads.overlaps(
             plan, fidelity_every, codecs := zero.whole_codecs(layout, shard)
