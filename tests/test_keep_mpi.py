@@ -89,7 +89,9 @@ def _bits(xs):
     return [np.float32(x).tobytes() for x in xs]
 
 
-@pytest.mark.parametrize("which", ["none", "policy"])
+@pytest.mark.parametrize(
+    "which", [pytest.param("none", marks=pytest.mark.slow), "policy"]
+)  # (none: make test-all; CI time)
 @pytest.mark.parametrize("name, plan", PLANS.get(SIZE, []), ids=[p[0] for p in PLANS.get(SIZE, [])])
 def test_keep_on_mpi_is_zero_1_and_the_xla_transport_bit_for_bit(name, plan, which, policy):
     chosen = policy if which == "policy" else "none"
