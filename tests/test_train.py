@@ -7,6 +7,7 @@ import json
 import math
 import os
 
+import jax
 import numpy as np
 import pytest
 import yaml
@@ -173,6 +174,66 @@ def test_resume_continues_bit_exactly(tmp_path):
     plan = Plan(cfg.model, cfg.mesh, cfg.optim, str(policy))
     residual = Checkpoints(str(part / "checkpoints")).read_global(plan, 4).opt_state["residual"]
     assert residual.shape[:2] == (2, 2) and np.isfinite(residual).all() and residual.any()
+
+
+def _policy(data: str, extra: str = "") -> str:
+    return f"name: resume-check\nmin_bytes: 0\n{extra}axes:\n  data: {{{data}}}\n"
+
+
+Q4_KEEP_OWN = "codec: q4, rotate: true, error_feedback: true, keep_own: true, param: q8"
+BLOCK_MIXING = {  # codecs whose coding error spreads over a block, padding included
+    "q4h-ef-keep_own": _policy(Q4_KEEP_OWN),
+    "q4h-ef": _policy("codec: q4, rotate: true, error_feedback: true, param: q8"),
+    "q8h-ef": _policy("codec: q8, rotate: true, error_feedback: true"),
+    "q4h-ef-keep_own-param_delta": _policy(
+        "codec: q4, rotate: true, error_feedback: true, keep_own: true, param_delta: true"
+    ),
+    "q4h-ef-keep_own-warmup": _policy(Q4_KEEP_OWN, "warmup_steps: 1\nwarmup_codec: q8\n"),
+}
+
+
+NO_TENSOR = "--mesh", "data=4,tensor=1,pipe=2"
+# Under "tensor" = 2 the parameters that "tensor" does not split (LayerNorms, some biases) share
+# codec blocks with the split ones, so each tensor rank decodes other values for its copy of them:
+# the copies' moments, master values and residuals drift apart, and a checkpoint keeps tensor
+# rank 0's.
+TENSOR_REPLICAS = pytest.mark.xfail(
+    strict=True, reason="tensor ranks' copies of unsplit parameters differ under block codecs"
+)
+
+
+@pytest.mark.parametrize(
+    "name, mesh",
+    [
+        *[
+            pytest.param(n, NO_TENSOR, marks=() if n == "q4h-ef-keep_own" else pytest.mark.slow)
+            for n in BLOCK_MIXING
+        ],
+        pytest.param("q4h-ef-keep_own", (), marks=(pytest.mark.slow, TENSOR_REPLICAS)),
+    ],
+    ids=lambda x: "tensor1" if x == NO_TENSOR else ("tensor2" if x == () else None),
+)
+def test_resume_is_bit_exact_with_block_mixing_codecs(name, mesh, tmp_path):
+    """Rotated q4/q8 decode non-zero values into the flat vectors' padding (a parameter's last
+    row, which holds fewer than 64 values in the tiny model): resumed at step 1 and at step 2,
+    the losses and every leaf of the final state are those of the uninterrupted run."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(BLOCK_MIXING[name])
+    common = ["--compression", str(policy), *mesh, "optim.total_steps=3", "train.ckpt_every=1"]
+    full = tmp_path / "full"
+    assert train(full, "train.steps=3", *common) == 0
+    over = [f"mesh.{kv}" for kv in mesh[1].split(",")] if mesh else []
+    cfg = load(os.path.join(CONFIGS, "experiments", "default.yaml"), TINY + over + common[-2:])
+    plan = Plan(cfg.model, cfg.mesh, cfg.optim, str(policy))
+    want = jax.tree.leaves(Checkpoints(str(full / "checkpoints")).read_global(plan, 3))
+    for at in (1, 2):
+        part = tmp_path / f"part{at}"
+        assert train(part, f"train.steps={at}", *common) == 0
+        assert train(part, "train.steps=3", "--resume", *common) == 0
+        assert losses(part) == losses(full), at  # bit-identical floats, steps 0..2
+        got = jax.tree.leaves(Checkpoints(str(part / "checkpoints")).read_global(plan, 3))
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w, err_msg=f"resumed at step {at}")
 
 
 def test_report_writes_table_and_plots(tmp_path):

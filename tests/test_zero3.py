@@ -46,8 +46,8 @@ def test_every_chunk_holds_each_layers_own_chunk(data, tensor, pipe):
     """The flat layout, on a tree whose every value is distinct: flatten and unflatten invert
     each other; any run of q whole pieces splits into the shared segment's and each layer's
     own q-piece chunk (`split`, inverted by `join`); `runs` names every stored element's
-    parameter, padding left out, each row of ROW values holds one parameter, and `rows`
-    gives each row its parameter's flag."""
+    parameter, padding left out, each row of ROW values holds one parameter, `rows` gives each
+    row its parameter's flag, and `stored` tells the values from the padding."""
     mesh_cfg = MeshConfig(data, tensor, pipe)
     fl = Plan(CFG, mesh_cfg).layout
     leaves = [
@@ -87,6 +87,10 @@ def test_every_chunk_holds_each_layers_own_chunk(data, tensor, pipe):
                 lo, n = j * q * fl.chunk, q * fl.chunk
                 got = fl.rows(flags, lo, n)
                 np.testing.assert_array_equal(got, expect[lo // ROW : (lo + n) // ROW])
+    for q in {1, data}:  # `stored`: the values `runs` names, padding (in a row too) left out
+        for j in range(data // q):
+            lo, n = j * q * fl.chunk, q * fl.chunk
+            np.testing.assert_array_equal(fl.stored(lo, n), owner[lo : lo + n] < len(fl.shapes))
     assert [r for r in fl.runs(5, fl.padded - 3)] == [
         (max(at, 5), leaf, offset + max(0, 5 - at), min(at + n, fl.padded - 3) - max(at, 5))
         for at, leaf, offset, n in fl.runs(0, fl.padded)

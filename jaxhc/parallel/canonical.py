@@ -12,7 +12,8 @@ names one array per quantity and parameter, in the parameter's global (single-la
 * ``opt/<opt path>/<path>`` for every flat optimizer vector (AdamW's ``mu`` and ``nu``, the
   ``master`` copy): the vector's elements put back where their parameter's elements are;
 * ``residual/<path>``: shape (data, *parameter shape): data rank d's residual (the padding of the
-  flat vectors, always zero, is not stored);
+  flat vectors is not stored: it is always zero, `jaxhc.parallel.zero` setting back to zero what a
+  block-mixing codec such as q4:h decodes there);
 * scalars (``step``, AdamW's ``count``): one value each.
 
 `Canonical.pieces(coords)` lists, for the device at `coords`, which box of which canonical array

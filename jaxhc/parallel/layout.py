@@ -305,6 +305,31 @@ class FlatLayout:
         pipe = self.rows(over[1], start, size) | (pipe_rank == 0)
         return present & tensor & pipe
 
+    def stored(self, start, size: int) -> jax.Array:
+        """Per value of [start, start + size), a run of whole pieces (`start` may be traced):
+        whether it is a parameter's value, not padding (a parameter's last row or a segment's
+        end). Padding is zero in every flat vector of the train state, which a checkpoint does not
+        store; a lossy codec may decode non-zero values there (a rotated block mixes them with
+        the parameter's), which `jaxhc.parallel.zero` sets back to zero."""
+        q = size // self.chunk
+        piece = start // self.chunk + jnp.arange(q, dtype=jnp.int32)[:, None]
+
+        def segment(starts, sizes, width):  # values stored in each row of the segment's pieces
+            per = width // ROW
+            at = piece * per + jnp.arange(per, dtype=jnp.int32)
+            count = jnp.zeros(at.shape, jnp.int32)
+            for s, n in zip(starts, sizes, strict=True):
+                first, last = s // ROW, (s + n - 1) // ROW
+                count = jnp.where((at >= first) & (at < last), ROW, count)
+                count = jnp.where(at == last, s + n - last * ROW, count)
+            return count  # (q, width // ROW)
+
+        shared = segment(self.shared_starts, self.shared_sizes, self.shared_width)
+        layer = segment(self.layer_starts, self.layer_sizes, self.layer_width)
+        layers = jnp.broadcast_to(layer[:, None, :], (q, self.layers, layer.shape[1]))
+        count = jnp.concatenate([shared, layers.reshape(q, -1)], axis=1).reshape(-1)
+        return (jnp.arange(ROW, dtype=jnp.int32)[None, :] < count[:, None]).reshape(-1)
+
     def runs(self, lo: int, hi: int):
         """The stored elements [lo, hi) as runs of one parameter each, padding left out:
         (position, leaf, offset in the leaf's local flattened values, length). On the host."""

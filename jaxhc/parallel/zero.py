@@ -396,7 +396,22 @@ def reduce(grads, opt_state, layout: FlatLayout, shard: ShardPlan, scattered=0, 
         return g, opt_state
     parts = split_residual(residual, layout.padded, shard)[scattered:]
     g, new = reduce_gradients(grads, layout, parts, shard, scattered)
-    return g, {**opt_state, "residual": jnp.concatenate([*done, *new])}
+    residual = unpadded_residual(jnp.concatenate([*done, *new]), layout, shard)
+    return g, {**opt_state, "residual": residual}
+
+
+def unpadded_residual(residual, layout: FlatLayout, shard: ShardPlan):
+    """A device's residuals (every level's, `split_residual`) with the padding of the flat
+    vector set to zero: a codec that mixes a block's values (q4:h, q8:h) leaves residuals there
+    too, which the checkpoint does not store, so a resumed run would start without them. They
+    only ever correct padding: the real values' residuals are as they were."""
+    out, done = [], ()  # the levels scattered before: innermost last
+    parts = split_residual(residual, layout.padded, shard)
+    for (axis, _), part in zip(levels(shard), parts, strict=True):
+        n = part.shape[0]
+        out.append(jnp.where(layout.stored(shard.chunk_index(done) * n, n), part, 0.0))
+        done = (axis, *done)
+    return jnp.concatenate(out)
 
 
 def update(
@@ -431,6 +446,8 @@ def update(
 
     def apply(state, g):  # (the per-value decay is computed in here, where XLA fuses it)
         decay = cfg.weight_decay * per_value(layout.rows(layout.decayed, start, size))
+        # a lossy codec's values in the padding: the moments and master copy keep zeros there
+        g = jnp.where(layout.stored(start, size), g, 0.0)
         if cfg.grad_clip > 0:  # optax.clip_by_global_norm, as one factor for all values
             g = g * jnp.where(norm < cfg.grad_clip, 1.0, cfg.grad_clip / norm)
         p = state["master"]
@@ -451,4 +468,7 @@ def update(
         p = jaxhc.all_gather(p, axis, tiled=True, kind="param")
     if previous is not None and axes:
         p = copy + p
+    if shard.sharded_params and axes:  # the state's chunk: no decoded values in the padding
+        n = p.shape[0]
+        p = jnp.where(layout.stored(shard.chunk_index(shard.param_axes) * n, n), p, 0.0)
     return (p if shard.sharded_params else layout.unflatten(p)), opt_state, norm, lr
