@@ -20,6 +20,7 @@ from jaxhc.model import gpt
 from jaxhc.model.config import GPTConfig, MeshConfig
 from jaxhc.model.tensor_parallel import TensorParallel
 from jaxhc.parallel import keep, prefetch, zero
+from jaxhc.parallel.layers import layer_reduce, scatter_layers
 from jaxhc.parallel.layout import ALIGN, PAIRED
 from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan
@@ -79,7 +80,7 @@ def local_loss_and_grads(params, tokens, cfg, mesh_cfg, data="data"):
 
 def overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs):
     """(global loss, this rank's reduced gradient chunk), each layer's gradient reduced over the
-    data levels in the backward as soon as it is produced (`zero.layer_reduce`), the shared
+    data levels in the backward as soon as it is produced (`layers.layer_reduce`), the shared
     parameters' after it: the chunk `zero.reduce` gives, with the same bits (each call coded as
     the whole vector's would be: `codecs`, from `zero.whole_codecs`).
 
@@ -109,7 +110,7 @@ def overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs):
 
     def objective(shared, sink):
         full = {**shared, "blocks": (params["blocks"], sink)}
-        fetch = zero.layer_reduce(layout, start_row if start else reduce_row)
+        fetch = layer_reduce(layout, start_row if start else reduce_row)
         return local_loss(full, tokens, cfg, mesh_cfg, shard.data_axis, fetch)
 
     local, (g, layers) = jax.value_and_grad(objective, argnums=(0, 1))(shared, sink)
@@ -190,9 +191,9 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
 
     ``mesh.shard.gather: whole``: the whole chunk at once (`zero.gather_params`). ``layer``:
     the shared parameters so, and each layer's part of the chunk inside the layer scan, forward
-    and again backward (`zero.layer_fetch`; with `overlap`, started a layer ahead where the
+    and again backward (`layers.layer_fetch`; with `overlap`, started a layer ahead where the
     transport can: `jaxhc.parallel.prefetch`); the layers' gradients are reduce-scattered one
-    layer at a time (`zero.scatter_layers`). ``keep``: each layer's part gathered in the forward
+    layer at a time (`layers.scatter_layers`). ``keep``: each layer's part gathered in the forward
     only (`jaxhc.parallel.keep`), its gradient's reduce-scatter started in the backward where
     the transport can."""
     shard, layout = plan.shard, plan.layout
@@ -239,10 +240,10 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
             layers = finish(layers)
         elif mine:
             layers = layout.pad_layers(layers)
-            layers, new = zero.scatter_layers(layers, steps, [p[1] for p in parts])
+            layers, new = scatter_layers(layers, steps, [p[1] for p in parts])
             done = tuple(layout.join(s, n) for s, n in zip(done, new, strict=True))
         else:
-            layers = zero.scatter_layers(layout.pad_layers(layers), steps)
+            layers = scatter_layers(layout.pad_layers(layers), steps)
         g = layout.join(g, layers)
     loss = zero.psum_scalar(local, (*shard.axes, "pipe"))
     g, opt_state = zero.reduce(g, opt_state, layout, shard, scattered, done)

@@ -10,10 +10,10 @@ so the backward gathers nothing: ZeRO-1's memory during the step, ZeRO-3's state
 and the all-gather that followed ZeRO-1's update overlapped with the forward.
 
 The backward hands each layer's gradient to `reduce_row` as soon as it is produced (the sink's
-cotangent, as `jaxhc.parallel.zero.layer_reduce` does): with one micro-batch and no error
+cotangent, as `jaxhc.parallel.layers.layer_reduce` does): with one micro-batch and no error
 feedback on the MPI transport, it starts the first parameter level's reduce-scatter there and the
 step finishes the layers' calls after the backward (`finish_rows`); otherwise the row is the
-layer's local gradient, which `zero.scatter_layers` reduce-scatters after the backward.
+layer's local gradient, which `layers.scatter_layers` reduce-scatters after the backward.
 
 The bits are ZeRO-1's with the same policy: every rank, the owner included, computes with the
 param codec's decoded values of the same chunks, and the gradients are reduced level by level
@@ -111,7 +111,7 @@ def row_reducer(layout: FlatLayout, shard: ShardPlan, codecs: dict, start: bool)
     ``finish(handles) -> (layers, piece)`` after the backward finishes the calls in the order
     they were started and reduces over the parameter levels after the first (`codecs`:
     `zero.whole_codecs`, as ZeRO-1's reduction sends the whole vector). Else (finish None) the
-    row is the layer's local gradient, unpadded, for `zero.scatter_layers`."""
+    row is the layer's local gradient, unpadded, for `layers.scatter_layers`."""
     steps = zero.levels(shard)[: len(shard.param_axes)]
     axis = steps[0][0] if steps else None
     codec = codecs.get((axis, "scatter"))

@@ -126,7 +126,7 @@ class FlatLayout:
     piece k + 1 of each. Any chunk a reduce-scatter over the data (sub-)axes leaves a rank (a run
     of q whole pieces) is then, for each segment, that segment's own chunk: a layer's part of a
     chunk is a reshape and a slice (`split`), so a layer's parameters can be gathered on their own
-    (`jaxhc.parallel.zero.layer_fetch`), with the same bits as gathering the whole vector.
+    (`jaxhc.parallel.layers.layer_fetch`), with the same bits as gathering the whole vector.
 
     Each rank flattens the same local shapes in the same order, so element i of every rank's
     vector belongs to the same parameter. Per-parameter facts (decayed, split over which axes)

@@ -1,16 +1,16 @@
 """Per-layer ZeRO-3 whose parameter gathers are started a layer ahead (``train.overlap``).
 
-`jaxhc.parallel.zero.layer_fetch` gathers a layer's parameters over the parameter group just
+`jaxhc.parallel.layers.layer_fetch` gathers a layer's parameters over the parameter group just
 before the layer runs, forward and again backward, and waits for them. Where the transport can
 start those gathers and finish them later (`jaxhc.collectives.started`: the MPI transport's
 progress threads), `layer_fetch` here starts layer i + 1's gather before layer i runs in the
 forward, and layer i - 1's second gather before layer i's backward runs, so a layer's bytes move
 while the layer before it computes. The gathers, their order, their codecs and their bits are
-those of `zero.layer_fetch`; only where the program waits for them moves.
+those of `layers.layer_fetch`; only where the program waits for them moves.
 
 The layer scan carries the started calls' handles (float32 [1] each) beside the hidden state.
 In the backward the handles travel as the carry's cotangents, as the started gradient
-reductions' do (`jaxhc.parallel.zero.layer_reduce`): layer i's backward receives its own
+reductions' do (`jaxhc.parallel.layers.layer_reduce`): layer i's backward receives its own
 parameters' started gather as the cotangent of the handle its forward passed on, and gives the
 one it starts for the layer below as the cotangent of the handle it received. A last step after
 the scan (`_tail`) starts the top layer's second gather when the backward reaches the layers.
@@ -19,7 +19,7 @@ A parameter group over nested data sub-axes gathers level by level, outermost fi
 whose call the transport can start is one stage of the pipeline (its result arrives one layer
 later, and the next level starts then), a level it cannot start runs synchronously where its
 input is ready. With D started levels a layer's gather begins D layers ahead; with none the
-layers are `zero.layer_fetch`'s. The train step takes it as ``gpt.run_blocks``'s fetch:
+layers are `layers.layer_fetch`'s. The train step takes it as ``gpt.run_blocks``'s fetch:
 ``gpt.run_blocks((pieces, sink), x, cfg, tp, layer_fetch(layout, shard, overlap))``.
 """
 
@@ -33,7 +33,7 @@ from jax import lax
 
 import jaxhc
 from jaxhc.collectives import started
-from jaxhc.parallel import zero
+from jaxhc.parallel import layers
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout
 
@@ -42,9 +42,9 @@ __all__ = ["Prefetch", "layer_fetch"]
 
 def layer_fetch(layout: FlatLayout, shard: ShardPlan, overlap: bool = True):
     """The per-layer fetch of the train step (``gpt.run_blocks(..., fetch)``): with `overlap`,
-    a `Prefetch` (which keeps `zero.layer_fetch`'s where nothing can be started), else
-    `zero.layer_fetch`."""
-    return Prefetch(layout, shard) if overlap else zero.layer_fetch(layout, shard)
+    a `Prefetch` (which keeps `layers.layer_fetch`'s where nothing can be started), else
+    `layers.layer_fetch`."""
+    return Prefetch(layout, shard) if overlap else layers.layer_fetch(layout, shard)
 
 
 def _handle() -> jax.Array:
@@ -137,7 +137,7 @@ def _inside(j, layers: int):
 
 
 class Prefetch:
-    """``scan(layer, x, (pieces, sink)) -> hidden``: the layers of `zero.layer_fetch` (pieces:
+    """``scan(layer, x, (pieces, sink)) -> hidden``: the layers of `layers.layer_fetch` (pieces:
     (layers, width), this device's part of each layer's chunk; sink: see there), run by a scan
     whose gathers are started ahead where the transport can (see the module)."""
 
@@ -148,8 +148,8 @@ class Prefetch:
         pieces, sink = blocks
         layers = pieces.shape[0]
         chain = _Chain(pieces.shape[1], layers, self.shard)
-        if not chain.depth:  # nothing can be started: zero.layer_fetch's layers
-            fetch = zero.layer_fetch(self.layout, self.shard)
+        if not chain.depth:  # nothing can be started: layers.layer_fetch's layers
+            fetch = layers.layer_fetch(self.layout, self.shard)
             return lax.scan(lambda h, xs: (fetch(layer, h, xs), None), x, blocks)[0]
 
         run = self._layer(layer, chain)
@@ -190,7 +190,7 @@ class Prefetch:
         def fwd(h, pending, whole, i, behind, sink):
             params, h, ahead = gather(h, pending, whole, i)
             out, pullback = jax.vjp(layer, params, h)
-            kept, where["put_back"] = zero.without_params(pullback, params)
+            kept, where["put_back"] = layers.without_params(pullback, params)
             return (out, ahead), (i, behind, kept)
 
         def bwd(res, ct):
