@@ -33,8 +33,9 @@ from jax import lax
 
 import jaxhc
 from jaxhc.collectives import started
-from jaxhc.parallel import layers
 from jaxhc.parallel.amsp import ShardPlan
+from jaxhc.parallel.layers import layer_fetch as fetch_layers
+from jaxhc.parallel.layers import without_params
 from jaxhc.parallel.layout import FlatLayout
 
 __all__ = ["Prefetch", "layer_fetch"]
@@ -44,7 +45,7 @@ def layer_fetch(layout: FlatLayout, shard: ShardPlan, overlap: bool = True):
     """The per-layer fetch of the train step (``gpt.run_blocks(..., fetch)``): with `overlap`,
     a `Prefetch` (which keeps `layers.layer_fetch`'s where nothing can be started), else
     `layers.layer_fetch`."""
-    return Prefetch(layout, shard) if overlap else layers.layer_fetch(layout, shard)
+    return Prefetch(layout, shard) if overlap else fetch_layers(layout, shard)
 
 
 def _handle() -> jax.Array:
@@ -149,7 +150,7 @@ class Prefetch:
         layers = pieces.shape[0]
         chain = _Chain(pieces.shape[1], layers, self.shard)
         if not chain.depth:  # nothing can be started: layers.layer_fetch's layers
-            fetch = layers.layer_fetch(self.layout, self.shard)
+            fetch = fetch_layers(self.layout, self.shard)
             return lax.scan(lambda h, xs: (fetch(layer, h, xs), None), x, blocks)[0]
 
         run = self._layer(layer, chain)
@@ -190,7 +191,7 @@ class Prefetch:
         def fwd(h, pending, whole, i, behind, sink):
             params, h, ahead = gather(h, pending, whole, i)
             out, pullback = jax.vjp(layer, params, h)
-            kept, where["put_back"] = layers.without_params(pullback, params)
+            kept, where["put_back"] = without_params(pullback, params)
             return (out, ahead), (i, behind, kept)
 
         def bwd(res, ct):
