@@ -97,6 +97,7 @@ def test_the_first_steps_train_as_the_warmup_policy_then_the_steady_one(tmp_path
     assert w[2]["loss"] != s[2]["loss"]  # the warm-up changed the state the steady steps start on
 
 
+@pytest.mark.slow  # make test-all (CI time); the quick suite resumes block codecs in test_train
 def test_a_resume_inside_the_warmup_continues_bit_exactly(tmp_path):
     """Which steps warm up follows the step index, so a run resumed inside its warm-up (at step 2
     of 3) switches at the same step as an uninterrupted one: the same losses, bit for bit."""
