@@ -145,6 +145,9 @@ class Policy:
     min_bytes: int = 65536
     warmup_steps: int = 0  # the trainer's first steps send data-axis gradients with warmup_codec
     warmup_codec: Codec | None = Quant(bits=8)
+    # A warm-up policy (`warming`): the data-axis codecs of the policy it warms up, whose flat
+    # ZeRO layout it keeps (`data_codecs`).
+    steady_codecs: tuple[Codec, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.min_bytes, bool) or not isinstance(self.min_bytes, int):
@@ -180,8 +183,27 @@ class Policy:
                 )
             axes.append((axis, entry))
         return dataclasses.replace(
-            self, name=f"{self.name}:warmup", axes=tuple(axes), warmup_steps=0
+            self,
+            name=f"{self.name}:warmup",
+            axes=tuple(axes),
+            warmup_steps=0,
+            steady_codecs=self.data_codecs(),
         )
+
+    def data_codecs(self) -> tuple[Codec, ...]:
+        """Every codec the float32 traffic over ``data`` and its sub-axes ``data.<i>`` may take in
+        a run of this policy: the grad and param codecs, the warm-up codec while ``warmup_steps``
+        > 0, and a warm-up policy's steady ones (both phases keep one flat layout).
+
+        >>> p = jaxhc.Policy.from_dict({"axes": {"data": {"codec": "q4:h", "param": "q8:b512"}}})
+        >>> [c.spec for c in p.data_codecs()], [c.spec for c in p.warming().data_codecs()]
+        (['q4:h', 'q8:b512'], ['q8', 'q8:b512', 'q4:h'])
+        """
+        out = [self.warmup_codec] if self.warmup_steps else []
+        for axis, entry in self.axes:
+            if axis == "data" or axis.startswith("data."):
+                out += [entry.codec_for(kind, jnp.float32) for kind in ("grad", "param")]
+        return tuple(dict.fromkeys(c for c in (*out, *self.steady_codecs) if c is not None))
 
     def codec_for(self, axis_name, kind: str | None = None, dtype=None) -> Codec | None:
         """The codec for traffic of `kind` and `dtype` over `axis_name` (a name or a tuple).

@@ -21,7 +21,7 @@ from jaxhc.model.config import GPTConfig, MeshConfig
 from jaxhc.model.tensor_parallel import TensorParallel
 from jaxhc.parallel import keep, prefetch, zero
 from jaxhc.parallel.layers import layer_reduce, scatter_layers
-from jaxhc.parallel.layout import ALIGN, PAIRED
+from jaxhc.parallel.layout import PAIRED
 from jaxhc.parallel.pipeline import gpipe
 from jaxhc.parallel.state import Plan
 
@@ -132,10 +132,11 @@ def overlaps(plan: Plan, fidelity_every: int = 0, codecs=None) -> bool:
     (sharded ones are reduced in their gathers' backward), one micro-batch (the reductions would
     otherwise run once per micro-batch), no error-feedback residuals, no fidelity sampling (it
     needs the unreduced gradients), and every lossy codec of the reduction (`codecs`:
-    `zero.whole_codecs`) coding a segment's values as the whole vector's (`ALIGN` a multiple of
-    its `segment_values`)."""
+    `zero.whole_codecs`) coding a segment's values as the whole vector's (the pieces' `align` a
+    multiple of its `segment_values`)."""
+    align = plan.layout.align
     cut = all(
-        c is None or c.lossless or (c.segment_values and ALIGN % c.segment_values == 0)
+        c is None or c.lossless or (c.segment_values and align % c.segment_values == 0)
         for c in (codecs or {}).values()
     )
     return (

@@ -131,9 +131,18 @@ class FlatLayout:
     Each rank flattens the same local shapes in the same order, so element i of every rank's
     vector belongs to the same parameter. Per-parameter facts (decayed, split over which axes)
     become per-row masks with `rows`.
+
+    `tensor_block` (used where "tensor" > 1; `jaxhc.parallel.state.tensor_block`): the values per
+    block of the largest lossy block codec on "data". A block that held values of a parameter
+    "tensor" splits (which differ between the tensor ranks) and of one it replicates would decode
+    each rank's copy of the replicated one differently, and the copies would drift apart. So
+    where one kind follows the other in a layer, the next parameter starts on a multiple of the
+    block, and the pieces are whole blocks (`align` values): the replicated parameters' blocks
+    hold the same values on every tensor rank and decode to the same bits. Without it (or with
+    blocks that divide `ROW`, as ZFP's) the layout is the plain one.
     """
 
-    def __init__(self, global_shapes, mesh_cfg: MeshConfig):
+    def __init__(self, global_shapes, mesh_cfg: MeshConfig, tensor_block: int = 0):
         specs = param_specs(global_shapes)
         leaves, self.treedef = jax.tree.flatten(global_shapes)
         spec_leaves = self.treedef.flatten_up_to(specs)
@@ -157,9 +166,13 @@ class FlatLayout:
         # where they start (a multiple of ROW).
         self.shared_sizes = [self.sizes[i] for i in self.shared_leaves]
         self.layer_sizes = [self.sizes[i] // self.layers for i in self.block_leaves]
-        self.shared_starts = self._starts(self.shared_sizes)
-        self.layer_starts = self._starts(self.layer_sizes)
-        quantum = ALIGN * mesh_cfg.data  # pieces of whole codec blocks (see ALIGN)
+        apart = mesh_cfg.tensor > 1 and tensor_block > 1  # split and replicated blocks apart
+        cut = math.lcm(ROW, tensor_block) if apart else ROW
+        self.align = math.lcm(ALIGN, tensor_block) if apart else ALIGN  # values a piece divides by
+        split = ["tensor" in self.split_over[i] for i in self.block_leaves]
+        self.shared_starts = self._starts(self.shared_sizes)  # all replicated over "tensor"
+        self.layer_starts = self._starts(self.layer_sizes, split, cut)
+        quantum = self.align * mesh_cfg.data  # pieces of whole codec blocks (see ALIGN)
         shared_values = self.shared_starts[-1] + _round_up(self.shared_sizes[-1], ROW)
         self.shared_padded = _round_up(shared_values, quantum)
         self.layer_values = sum(self.layer_sizes)  # a layer's values, unpadded
@@ -172,8 +185,16 @@ class FlatLayout:
         self.padded = self.chunk * mesh_cfg.data
 
     @staticmethod
-    def _starts(sizes) -> list[int]:
-        return [int(x) for x in np.cumsum([0, *(_round_up(n, ROW) for n in sizes[:-1])])]
+    def _starts(sizes, split=None, cut: int = ROW) -> list[int]:
+        """Where each of a segment's parameters starts: on the row after the previous one's, on
+        a multiple of `cut` where `split` (one flag per parameter) changes."""
+        starts, at = [], 0
+        for i, n in enumerate(sizes):
+            if i and split is not None and split[i] != split[i - 1]:
+                at = _round_up(at, cut)
+            starts.append(at)
+            at += _round_up(n, ROW)
+        return starts
 
     # --- segments ---------------------------------------------------------------------------
 

@@ -53,7 +53,7 @@ class Plan:
         self.model, self.mesh_cfg, self.optim = model_cfg, mesh_cfg, optim_cfg
         self.param_shapes = jax.eval_shape(functools.partial(gpt.init_params, model_cfg), 0)
         self.param_specs = param_specs(self.param_shapes)
-        self.layout = FlatLayout(self.param_shapes, mesh_cfg)
+        self.layout = FlatLayout(self.param_shapes, mesh_cfg, tensor_block(policy, mesh_cfg))
         self.shard = ShardPlan.of(mesh_cfg)
         self.error_feedback = error_feedback(policy, mesh_cfg)
         self.param_delta = param_delta(policy, mesh_cfg, self.shard)
@@ -148,6 +148,17 @@ class Plan:
         self._scatter_flat(params, master, master.shape[-1] // m.data, self.shard.optim_chunk)
         return out
 
+    def check_state(self, state: TrainState) -> None:
+        """One line where `state`'s flat vectors are not this plan's (e.g. a state built without
+        the policy the step runs, whose codecs shape the layout: `tensor_block`)."""
+        m, got = self.mesh_cfg, tuple(state.opt_state["master"].shape)
+        want = (m.pipe, m.tensor, m.data * (self.layout.padded // self.shard.optim))
+        if got != want:
+            raise ValueError(
+                f"train state: master copy of shape {got}, the step's flat layout needs {want}: "
+                "build the state with the step's policy (init_state(..., policy=))"
+            )
+
     def check_tokens(self, shape, width: int) -> None:
         if len(shape) != 2 or shape[1] != width:
             raise ValueError(f"tokens have shape {tuple(shape)}; expected (batch, {width})")
@@ -179,6 +190,17 @@ def error_feedback(policy, mesh_cfg: MeshConfig) -> bool:
                 "trainer (only axes.data.error_feedback)"
             )
     return mesh_cfg.data > 1 and policy.error_feedback("data")
+
+
+def tensor_block(policy, mesh_cfg: MeshConfig) -> int:
+    """The values per block of the largest lossy codec the policy may send over the data axis
+    (`jaxhc.Policy.data_codecs`), where "tensor" and "data" have more than one rank (else 0):
+    the flat layout keeps the parameters "tensor" splits and those it replicates in blocks of
+    their own (`FlatLayout`), so the tensor ranks' copies of a replicated one stay identical."""
+    policy = context.as_policy(policy)
+    if policy is None or mesh_cfg.tensor == 1 or mesh_cfg.data == 1:
+        return 0
+    return max((c.block_values for c in policy.data_codecs() if not c.lossless), default=0)
 
 
 def param_delta(policy, mesh_cfg: MeshConfig, shard: ShardPlan) -> bool:
@@ -254,7 +276,8 @@ def init_state(
 ) -> TrainState:
     """A fresh TrainState placed on `mesh`: parameters from `seed` (or the given single-layout
     `params`, e.g. from `from_hf_gpt2`), zero AdamW moments (and zero error-feedback residuals if
-    `policy` asks for them), step 0.
+    `policy` asks for them), step 0. Give the policy the steps will run: it also shapes the flat
+    ZeRO vectors (`tensor_block`).
 
     The parameters depend on the seed only, not on the mesh: the same seed gives the same model on
     every mesh, so runs on different meshes are comparable.
@@ -295,10 +318,11 @@ def _first_stage_copy(x):
     raise ValueError("params_to_single: no device of the first pipeline stage is in this process")
 
 
-def params_to_single(state_or_params, model_cfg=None, mesh_cfg=None) -> dict:
+def params_to_single(state_or_params, model_cfg=None, mesh_cfg=None, policy=None) -> dict:
     """The parameters of a TrainState (or a sharded parameter tree) as host numpy arrays.
 
-    With sharded parameters (``mesh.shard.params`` > 1: flat chunks) give the configs too."""
+    With sharded parameters (``mesh.shard.params`` > 1: flat chunks) give the configs too, and
+    the policy the state was built for (its flat layout: `tensor_block`)."""
     params = state_or_params.params if isinstance(state_or_params, TrainState) else state_or_params
     if isinstance(params, dict):  # a shared parameter from its canonical copy
         fetch = {k: _first_stage_copy if k in SHARED else jax.device_get for k in params}
@@ -307,4 +331,4 @@ def params_to_single(state_or_params, model_cfg=None, mesh_cfg=None) -> dict:
         raise ValueError(
             "params_to_single: sharded parameters (flat chunks) need model_cfg, mesh_cfg"
         )
-    return Plan(model_cfg, mesh_cfg).single_params(params)
+    return Plan(model_cfg, mesh_cfg, policy=policy).single_params(params)

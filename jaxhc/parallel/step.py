@@ -151,7 +151,7 @@ def per_shard_train_step(
 def per_shard_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, policy, data="data"):
     """``eval_loss(params, tokens) -> loss`` as one rank runs it (see `per_shard_train_step`);
     `data`: the data axis (the sub-axes of `jaxhc.parallel.amsp` on its view of the mesh)."""
-    plan = Plan(model_cfg, mesh_cfg)
+    plan = Plan(model_cfg, mesh_cfg, policy=policy)  # the train state's flat layout
 
     def eval_loss(params, tokens):
         if plan.sharded_params:  # this rank's chunk, gathered over the parameter group
@@ -215,6 +215,7 @@ def make_train_step(
         donate_argnums=0,
     )
     def step(state, tokens):
+        plan.check_state(state)
         plan.check_tokens(tokens.shape, model_cfg.block_size + 1)
         return sharded(state, tokens.astype(jnp.int32))
 
@@ -227,7 +228,7 @@ def make_eval_loss(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, polic
     params: ``state.params``; tokens as for the train step.
     """
     check_mesh(mesh, mesh_cfg)
-    plan = Plan(model_cfg, mesh_cfg)
+    plan = Plan(model_cfg, mesh_cfg, policy=policy)
     if plan.sharded_params:  # the parameter group's sub-axes: the view's
         view, data = plan.shard.view(mesh), plan.shard.data_axis
         specs = plan.shard.on_view(plan.state_param_specs)
@@ -255,7 +256,7 @@ def make_loss_and_grads(model_cfg: GPTConfig, mesh_cfg: MeshConfig, mesh: Mesh, 
     `jaxhc.all_gather` (``kind="grad"``), which the train step does not do.
     """
     check_mesh(mesh, mesh_cfg)
-    plan = Plan(model_cfg, mesh_cfg)
+    plan = Plan(model_cfg, mesh_cfg, policy=policy)  # the train step's flat layout
 
     def per_shard(params, tokens):
         loss, grads = shard_grads.loss_and_grads(params, tokens, model_cfg, mesh_cfg)

@@ -100,11 +100,18 @@ class Layout:
 
 
 @functools.lru_cache(maxsize=256)
-def _flat_layout(gpt, data: int, tensor: int, pipe: int):
+def _flat_layout(gpt, data: int, tensor: int, pipe: int, codec: str):
     from jaxhc.model.config import MeshConfig
     from jaxhc.parallel.layout import FlatLayout
+    from jaxhc.parallel.state import tensor_block
+    from jaxhc.policy import Policy
 
-    return FlatLayout(_param_shapes(gpt), MeshConfig(data=data, tensor=tensor, pipe=pipe))
+    mesh = MeshConfig(data=data, tensor=tensor, pipe=pipe)
+    if codec.startswith("policy "):  # the policy the plan's traffic is priced under
+        policy = Policy.load(codec.removeprefix("policy "))
+    else:  # a codec on the data levels that cross nodes
+        policy = Policy.from_dict({"axes": {"data": codec}})
+    return FlatLayout(_param_shapes(gpt), mesh, tensor_block(policy, mesh))
 
 
 @functools.lru_cache(maxsize=16)
@@ -118,7 +125,7 @@ def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
     """(parameters on the device, its padded flat vector): exact (jaxhc's layout) for a model
     jaxhc trains in float32, else `ModelShape.device_params` padded to 4 x data."""
     if shape.gpt is not None and lay.precision == "float32":
-        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
+        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe, lay.codec)
         return fl.size, fl.padded
     size = shape.device_params(lay.tensor, lay.pipe)
     q = 4 * lay.data
@@ -133,7 +140,7 @@ def device_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
     layers = shape.layers // lay.pipe
     q = ALIGN * lay.data
     if shape.gpt is not None and lay.precision == "float32":
-        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe)
+        fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe, lay.codec)
         return fl.shared_padded, fl.layer_padded, fl.layers
     _, padded = device_params(shape, lay)
     per_device = -(-shape.layer_params() // lay.tensor)
