@@ -87,7 +87,7 @@ def test_data_collective_bytes_are_the_ledgers(data, tensor, pipe, shard, policy
         jax.block_until_ready(m)
     got = ledger.per_axis(devices=mesh_cfg.size, by_kind=True)
     raw, wire = defaultdict(float), defaultdict(float)
-    fl = Plan(CFG, mesh_cfg).layout
+    fl = Plan(CFG, mesh_cfg, policy=policy).layout
     segments = (4 * fl.shared_padded, 4 * fl.layer_padded, fl.layers)
     for c in data_collectives(mesh_cfg, 4 * fl.padded, segments):
         raw[f"{c.axis}/{c.kind}"] += c.count * c.bytes
@@ -100,7 +100,9 @@ def test_data_collective_bytes_are_the_ledgers(data, tensor, pipe, shard, policy
     # the planner's cost model (jaxhc.plan.cost) predicts the same bytes per step
     p, g, o, levels = mesh_cfg.shard.resolve(data)
     lay = Layout(data, tensor, pipe, mesh_cfg.microbatches, p, g, o, levels)
-    lay = dataclasses.replace(lay, gather=mesh_cfg.shard.gather)
+    # MDATA's q8 (on data.0, with tensor 2) gives the flat layout blocks of 256 (`tensor_block`)
+    codec = "q8" if policy is MDATA else "none"
+    lay = dataclasses.replace(lay, gather=mesh_cfg.shard.gather, codec=codec)
     model = defaultdict(float)
     for c in collectives(from_gpt("tiny", CFG), lay, 16, CFG.block_size, local(mesh_cfg.size)):
         if c.axis in data_axes:

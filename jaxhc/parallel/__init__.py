@@ -18,8 +18,9 @@ The API a training loop calls::
     loss = make_eval_loss(model_cfg, mesh_cfg, mesh, policy)(state.params, tokens)
 
 The builders are the only places a policy is passed: they size the state with it (error-feedback
-residuals; with "tensor" > 1 its data-axis block codecs shape the flat ZeRO vectors) and trace their per-shard programs inside ``jaxhc.context.use(policy=policy)``; the
-model, pipeline and ZeRO code below call jaxhc's collectives with a traffic ``kind`` only.
+residuals; with "tensor" > 1 its data-axis block codecs shape the flat ZeRO vectors) and trace
+their per-shard programs inside ``jaxhc.context.use(policy=policy)``; the model, pipeline and ZeRO
+code below call jaxhc's collectives with a traffic ``kind`` only.
 
 `params_to_single` / `from_single` move parameters between the mesh and `jaxhc.model.gpt`;
 `per_shard_train_step` / `per_shard_eval_loss` / `train_state_specs` / `initial_state` are the
