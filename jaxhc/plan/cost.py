@@ -70,6 +70,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxhc.codecs import parse
+from jaxhc.parallel.zero import level_residuals
 from jaxhc.plan.cluster import Cluster
 from jaxhc.plan.comm import FUSED_OPS, Comm, dtype_of
 from jaxhc.plan.layout import (
@@ -87,7 +88,6 @@ __all__ = [
     "codec_by_spec",
     "collectives",
     "memory",
-    "residual_values",
 ]
 
 
@@ -108,17 +108,6 @@ class Memory:
         return self.params + self.grads + self.optim + self.activations + self.temporaries
 
 
-def residual_values(lay: Layout, padded: int) -> int:
-    """Error feedback: a residual per reduce-scatter level (a level of k > 1 ranks), the vector it
-    sends: `padded` values at the innermost, 1/(the inner levels' ranks) of it further out."""
-    total, n = 0, padded
-    for k in lay.factors:
-        if k > 1:
-            total += n
-            n //= k
-    return total
-
-
 def memory(
     shape: ModelShape,
     lay: Layout,
@@ -135,8 +124,8 @@ def memory(
         p = 4 * (size if lay.params == 1 else padded // lay.params)
         g = 4 * padded // lay.grads
         os_ = 4 * (3 * padded // lay.optim + 2)
-        if error_feedback:
-            os_ += 4 * residual_values(lay, padded)
+        if error_feedback:  # a residual per reduce-scatter level, as the train state holds them
+            os_ += 4 * sum(level_residuals(padded, lay.factors))
     else:
         p, g, os_ = 2 * padded // lay.params, 2 * padded // lay.grads, 12 * padded // lay.optim
     b, tok = tokens_per_microbatch(lay, batch, seq)
