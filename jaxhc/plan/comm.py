@@ -37,9 +37,8 @@ from jaxhc.collectives import volume
 from jaxhc.plan.cluster import Cluster, Link
 from jaxhc.transport import MpiTransport
 
-__all__ = ["FUSED_OPS", "Comm", "comm_bytes", "comm_time", "dtype_of", "wire_bytes"]
+__all__ = ["Comm", "comm_bytes", "comm_time", "dtype_of", "wire_bytes"]
 
-FUSED_OPS = ("psum", "psum_scatter", "all_gather")  # the MPI transport's fused native calls
 RING_OPS = ("psum", "psum_scatter", "all_gather", "broadcast")  # ring passes over the group
 
 

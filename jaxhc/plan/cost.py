@@ -72,7 +72,7 @@ import jax.numpy as jnp
 from jaxhc.codecs import parse
 from jaxhc.parallel.zero import level_residuals
 from jaxhc.plan.cluster import Cluster
-from jaxhc.plan.comm import FUSED_OPS, Comm, dtype_of
+from jaxhc.plan.comm import Comm, dtype_of
 from jaxhc.plan.layout import (
     PRECISIONS,
     Layout,
@@ -81,6 +81,7 @@ from jaxhc.plan.layout import (
     tokens_per_microbatch,
 )
 from jaxhc.plan.shapes import ModelShape
+from jaxhc.transport import MpiTransport
 
 __all__ = [
     "Memory",
@@ -294,11 +295,11 @@ def collectives(
 
 
 def _fused(lay: Layout, codec, op: str, feedback: bool) -> bool:
-    """Whether the MPI transport runs this compressed collective as one fused native call (the
-    codecs with a `native_call`: ZFP and MPC; error feedback takes jaxhc's own algorithm, which
-    needs the decoded payloads)."""
-    native = codec is not None and codec.native_call(jnp.float32) is not None
-    return lay.transport == "mpi" and native and op in FUSED_OPS and not feedback
+    """Whether the MPI transport runs this compressed collective as one fused native call
+    (`MpiTransport.fuses`, the codecs with a `native_call`; error feedback takes jaxhc's own
+    algorithm, which needs the decoded payloads)."""
+    native = codec is not None and MpiTransport.fuses(codec, jnp.float32)
+    return lay.transport == "mpi" and native and op in MpiTransport.FUSED_OPS and not feedback
 
 
 def _members(k: int, stride: int, per_node: int) -> int:
