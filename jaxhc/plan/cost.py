@@ -88,7 +88,9 @@ __all__ = [
     "codec_by_policy",
     "codec_by_spec",
     "collectives",
+    "crosses_nodes",
     "memory",
+    "spec_axes",
 ]
 
 
@@ -151,8 +153,25 @@ def memory(
     return Memory(p, g, os_, act, temp)
 
 
+def crosses_nodes(lay: Layout, i: int, cluster: Cluster) -> bool:
+    """Whether the group of data level i (0 innermost; its ranks tensor x pipe devices apart)
+    spans more than one of `cluster`'s nodes."""
+    return lay.levels[i] * lay.tensor * lay.pipe > cluster.devices_per_node
+
+
+def spec_axes(lay: Layout, cluster: Cluster) -> dict[str, str]:
+    """`codec_by_spec`'s choice for `lay.codec` as a policy's ``axes``: the codec on every data
+    level of more than one rank whose group crosses nodes (`crosses_nodes`)."""
+    return {
+        lay.axis(i): lay.codec
+        for i, k in enumerate(lay.factors)
+        if k > 1 and crosses_nodes(lay, i, cluster)
+    }
+
+
 def codec_by_spec(spec: str):
-    """The planner's choice: `spec` on the data levels that cross nodes, nothing elsewhere."""
+    """The planner's choice: `spec` on the data levels that cross nodes (`spec_axes`, as
+    `collectives` asks it with `crosses_nodes`), nothing elsewhere."""
     codec = parse(spec)
     if codec is not None and codec.spec == "none":
         codec = None
@@ -206,7 +225,7 @@ def collectives(
         if k == 1:
             return
         span = levels[i] * tp
-        inter = span > cluster.devices_per_node
+        inter = crosses_nodes(lay, i, cluster)
         codec = codec_of(lay.axis(i), kind, itemsize, message * itemsize, inter)
         codec = None if op == "broadcast" else codec  # jaxhc has no compressed broadcast
         members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
