@@ -14,7 +14,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxhc.codecs import Codec, Identity, Mpc, Quant, Zfp, parse
+from jaxhc.codecs import FIELD_FORMS, Codec, from_fields, parse
 from jaxhc.schema import structure
 
 KINDS = ("grad", "param", "act")
@@ -73,33 +73,22 @@ def codec_entry(entry: Any, where: str) -> Codec | None:
         if ":" in kind:  # {codec: "zfp:8"} (plus per-kind overrides, popped by the caller)
             structure(_NoKeys, entry, kind=None, where=where)
             return codec_entry(kind, where)
-        if kind not in _CODEC_KEYS:
+        if kind in ("off", "lax"):
+            structure(_NoKeys, entry, kind=None, where=where, checks=f"{where}.codec")
+            return None
+        if kind not in FIELD_FORMS:
             raise ValueError(
-                f"{where}.codec: unknown codec {kind!r}: use zfp, q8, q4, mpc, none or off"
+                f"{where}.codec: unknown codec {kind!r}: use {', '.join(FIELD_FORMS)} or off"
             )
-        if kind in ("q8", "q4") and "bits" in entry:  # the bits come from the codec's name
-            raise ValueError(f"{where}: unknown key 'bits'")
-        cls, base = _CODEC_KEYS[kind]
-        codec = structure(cls, entry, kind=None, where=where, base=base, checks=f"{where}.codec")
-        return None if isinstance(codec, _NoKeys) else codec
+        # MPC's budget, static in a policy (`MPC_BUDGET` unless given; the spec "mpc" has none)
+        base = parse(f"mpc:{MPC_BUDGET}") if kind == "mpc" else None
+        return from_fields(kind, entry, where, base)
     raise ValueError(f"{where}: expected a codec spec or mapping, got {entry!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class _NoKeys:
     """A codec mapping that takes no keys besides ``codec`` (``off``, or a spec string)."""
-
-
-# A codec mapping's keys: the fields of its codec (`jaxhc.schema.structure`), from these bases.
-_CODEC_KEYS = {
-    "off": (_NoKeys, None),
-    "lax": (_NoKeys, None),
-    "none": (Identity, None),
-    "zfp": (Zfp, None),
-    "q8": (Quant, Quant(bits=8)),
-    "q4": (Quant, Quant(bits=4)),
-    "mpc": (Mpc, Mpc(budget=MPC_BUDGET)),
-}
 
 
 def _entry(entry: Any, where: str) -> tuple[Codec | None, list[tuple[str, Codec | None]]]:
