@@ -42,8 +42,8 @@ import jax
 
 from jaxhc.policy import Policy
 
-if TYPE_CHECKING:  # the transport package imports this module; its base does not
-    from jaxhc.transport._base import Transport
+if TYPE_CHECKING:  # the transport package imports this module (a cycle at run time only)
+    from jaxhc.transport import Transport
 
 __all__ = ["Context", "as_policy", "current", "policy", "recording", "transport", "use"]
 

@@ -69,16 +69,22 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxhc._checks import read_yaml
-from jaxhc.codecs import Codec, Identity, Mpc, Quant, Zfp, parse
+from jaxhc.codecs import Codec, Quant
+from jaxhc.policy_axis import (
+    DTYPES,
+    FLAGS,
+    KINDS,
+    AxisPolicy,
+    axis_policy,
+    check_saving,
+    codec_entry,
+    spec,
+)
+from jaxhc.policy_axis import MPC_BUDGET as MPC_BUDGET  # the presets' MPC budget
+from jaxhc.policy_presets import PRESETS
 from jaxhc.schema import structure
 
 __all__ = ["DTYPES", "KINDS", "PRESETS", "AxisPolicy", "Policy", "PolicyKeys"]
-
-KINDS = ("grad", "param", "act")
-DTYPES = ("float32", "bfloat16", "float16", "float64")  # the keys of per-dtype codec entries
-MPC_BUDGET = 0.95
-# Values a lossy codec's bits per value are measured on (large: padding does not count).
-_SAMPLE = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,38 +102,6 @@ class PolicyKeys:
     axes: dict[str, Any] | None = None
     warmup_steps: Any = 0
     warmup_codec: Any = "q8"
-
-
-@dataclasses.dataclass(frozen=True)
-class AxisPolicy:
-    """The codec of one mesh axis (None: plain lax) and its per-kind overrides.
-
-    >>> data = dict(jaxhc.Policy.preset("q4_ef").axes)["data"]
-    >>> data.codec_for("grad").spec, data.codec_for("param").spec, data.error_feedback
-    ('q4:h', 'q8', True)
-    """
-
-    codec: Codec | None
-    overrides: tuple[tuple[str, Codec | None], ...] = ()
-    error_feedback: bool = False  # carry residuals of this axis' lossy grad traffic
-    keep_own: bool = False  # a rank's own slice of a grad reduce-scatter is summed uncoded
-    param_delta: bool = False  # param gathers send the change since the last gathered copy
-    # Per-dtype codecs: (kind, or "" for the axis entry; dtype name; codec).
-    dtypes: tuple[tuple[str, str, Codec | None], ...] = ()
-
-    def codec_for(self, kind: str | None, dtype=None) -> Codec | None:
-        return self.choose(kind, dtype)[0]
-
-    def choose(self, kind: str | None, dtype=None) -> tuple[Codec | None, str]:
-        """(codec, the key that chose it relative to the axis: "", ".act", ".bfloat16", ...)."""
-        kinds = dict(self.overrides)
-        scope = kind if kind in kinds else ""  # a kind override replaces the whole axis entry
-        if dtype is not None:
-            name = jnp.dtype(dtype).name
-            for k, d, codec in self.dtypes:
-                if (k, d) == (scope, name):
-                    return codec, f"{'.' + k if k else ''}.{d}"
-        return (kinds[kind], f".{kind}") if scope else (self.codec, "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +134,7 @@ class Policy:
         codec = self.warmup_codec
         if steps and self._asked("data", "error_feedback") and (codec is None or codec.lossless):
             raise ValueError(
-                f"policy {self.name}: warmup_codec={_spec(codec)!r} must be lossy (zfp, q8, q4): "
+                f"policy {self.name}: warmup_codec={spec(codec)!r} must be lossy (zfp, q8, q4): "
                 "axes.data.error_feedback carries residuals through the warm-up"
             )
 
@@ -220,7 +194,7 @@ class Policy:
         """One-line error naming the key when the codec chosen for `dtype` messages is lossy and
         sends no fewer bits per value than `dtype` itself (lossy for no saving)."""
         codec, key = self._choose(axis_name, kind, dtype)
-        _check_saving(codec, dtype, f"policy {self.name}: {key}")
+        check_saving(codec, dtype, f"policy {self.name}: {key}")
 
     def _choose(self, axis_name, kind, dtype) -> tuple[Codec | None, str]:
         if kind is not None and kind not in KINDS:
@@ -270,11 +244,11 @@ class Policy:
         name = str(data.get("name", name or "custom"))
         keys = structure(PolicyKeys, data, kind=None, where=f"policy {name}")
         parsed = tuple(
-            (axis, _axis_policy(entry, f"policy {name}: axes.{axis}"))
+            (axis, axis_policy(entry, f"policy {name}: axes.{axis}"))
             for axis, entry in (keys.axes or {}).items()
         )
-        warm = _codec(keys.warmup_codec, f"policy {name}: warmup_codec")
-        _check_saving(warm, jnp.float32, f"policy {name}: warmup_codec")
+        warm = codec_entry(keys.warmup_codec, f"policy {name}: warmup_codec")
+        check_saving(warm, jnp.float32, f"policy {name}: warmup_codec")
         return cls(
             name=name,
             axes=parsed,
@@ -317,190 +291,20 @@ class Policy:
     def to_dict(self) -> dict:
         axes = {}
         for axis, ap in self.axes:
-            entry = {"codec": _spec(ap.codec)}
-            entry.update({d: _spec(c) for k, d, c in ap.dtypes if not k})
+            entry = {"codec": spec(ap.codec)}
+            entry.update({d: spec(c) for k, d, c in ap.dtypes if not k})
             for kind, codec in ap.overrides:
-                per_dtype = {d: _spec(c) for k, d, c in ap.dtypes if k == kind}
-                entry[kind] = {"codec": _spec(codec), **per_dtype} if per_dtype else _spec(codec)
-            for key in _FLAGS:
+                per_dtype = {d: spec(c) for k, d, c in ap.dtypes if k == kind}
+                entry[kind] = {"codec": spec(codec), **per_dtype} if per_dtype else spec(codec)
+            for key in FLAGS:
                 if getattr(ap, key):
                     entry[key] = True
             axes[axis] = entry
         out = {"name": self.name, "min_bytes": self.min_bytes, "axes": axes}
         if self.warmup_steps or self.warmup_codec != Quant(bits=8):
-            out.update(warmup_steps=self.warmup_steps, warmup_codec=_spec(self.warmup_codec))
+            out.update(warmup_steps=self.warmup_steps, warmup_codec=spec(self.warmup_codec))
         return out
 
 
 def _fidelity(codec: Codec | None) -> float:
     return 4.0 if codec is None else codec.fidelity
-
-
-def _codec(entry: Any, where: str) -> Codec | None:
-    if entry is None or entry is False or (isinstance(entry, str) and entry.lower() == "off"):
-        return None
-    if isinstance(entry, (str, Codec)):
-        try:
-            return parse(entry)
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-    if isinstance(entry, Mapping):
-        entry = dict(entry)
-        kind = str(entry.pop("codec", "")).lower()
-        if ":" in kind:  # {codec: "zfp:8"} (plus per-kind overrides, popped by the caller)
-            structure(_NoKeys, entry, kind=None, where=where)
-            return _codec(kind, where)
-        if kind not in _CODEC_KEYS:
-            raise ValueError(
-                f"{where}.codec: unknown codec {kind!r}: use zfp, q8, q4, mpc, none or off"
-            )
-        if kind in ("q8", "q4") and "bits" in entry:  # the bits come from the codec's name
-            raise ValueError(f"{where}: unknown key 'bits'")
-        cls, base = _CODEC_KEYS[kind]
-        codec = structure(cls, entry, kind=None, where=where, base=base, checks=f"{where}.codec")
-        return None if isinstance(codec, _NoKeys) else codec
-    raise ValueError(f"{where}: expected a codec spec or mapping, got {entry!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class _NoKeys:
-    """A codec mapping that takes no keys besides ``codec`` (``off``, or a spec string)."""
-
-
-# A codec mapping's keys: the fields of its codec (`jaxhc.schema.structure`), from these bases.
-_CODEC_KEYS = {
-    "off": (_NoKeys, None),
-    "lax": (_NoKeys, None),
-    "none": (Identity, None),
-    "zfp": (Zfp, None),
-    "q8": (Quant, Quant(bits=8)),
-    "q4": (Quant, Quant(bits=4)),
-    "mpc": (Mpc, Mpc(budget=MPC_BUDGET)),
-}
-
-
-def _entry(entry: Any, where: str) -> tuple[Codec | None, list[tuple[str, Codec | None]]]:
-    """An entry's codec and its per-dtype codecs (a mapping with dtype keys and no codec keys
-    is ``off`` for the other dtypes). Lossy codecs that save nothing are refused here."""
-    per_dtype = []
-    if isinstance(entry, Mapping):
-        entry = dict(entry)
-        for dtype in DTYPES:
-            if dtype in entry:
-                codec = _codec(entry.pop(dtype), f"{where}.{dtype}")
-                _check_saving(codec, dtype, f"{where}.{dtype}")
-                per_dtype.append((dtype, codec))
-        if per_dtype and not entry:
-            return None, per_dtype
-    codec = _codec(entry, where)
-    _check_saving(codec, jnp.float32, where)
-    return codec, per_dtype
-
-
-def _check_saving(codec: Codec | None, dtype, where: str) -> None:
-    if codec is None or codec.lossless or not codec.supports(dtype):
-        return
-    dtype = jnp.dtype(dtype)
-    try:
-        bits = codec.payload_bytes(_SAMPLE, dtype) * 8 / _SAMPLE
-    except ValueError as e:  # e.g. a ZFP rate out of the dtype's range
-        raise ValueError(f"{where}: {e}") from None
-    if bits >= 8 * dtype.itemsize:
-        raise ValueError(
-            f"{where}: lossy {codec.spec} sends {bits:g} bits per {dtype.name} value, no fewer "
-            f"than raw {dtype.name} ({8 * dtype.itemsize}): choose fewer bits for {dtype.name} "
-            f"(a '{dtype.name}:' key, e.g. zfp:{8 * dtype.itemsize * 3 // 4})"
-        )
-
-
-def _axis_policy(entry: Any, where: str) -> AxisPolicy:
-    overrides, dtypes, flags = [], [], dict.fromkeys(_FLAGS, False)
-    if isinstance(entry, Mapping):
-        entry = dict(entry)
-        for key in _FLAGS:
-            flags[key] = entry.pop(key, False)
-            if not isinstance(flags[key], bool):
-                raise ValueError(f"{where}.{key}: expected true or false, got {flags[key]!r}")
-        for kind in KINDS:
-            if kind in entry:
-                codec, per_dtype = _entry(entry.pop(kind), f"{where}.{kind}")
-                overrides.append((kind, codec))
-                dtypes += [(kind, d, c) for d, c in per_dtype]
-        for key in list(entry):
-            if key in ("params", "grads", "acts"):
-                raise ValueError(
-                    f"{where}: unknown key {key!r} (traffic kinds are {', '.join(KINDS)})"
-                )
-    codec, per_dtype = _entry(entry, where)
-    dtypes = [("", d, c) for d, c in per_dtype] + dtypes
-    axis = AxisPolicy(codec, tuple(overrides), dtypes=tuple(dtypes), **flags)
-    for key, kind in (("error_feedback", "grad"), ("param_delta", "param")):
-        chosen = axis.codec_for(kind, jnp.float32)
-        if flags[key] and (chosen is None or chosen.lossless):
-            raise ValueError(
-                f"{where}.{key}: needs a lossy {kind} codec (zfp, q8, q4), not {_spec(chosen)!r}"
-            )
-    if flags["keep_own"] and not flags["error_feedback"]:
-        raise ValueError(f"{where}.keep_own: needs error_feedback: true on the same axis")
-    return axis
-
-
-_FLAGS = ("error_feedback", "keep_own", "param_delta")
-
-
-def _spec(codec: Codec | None) -> str:
-    return "off" if codec is None else codec.spec
-
-
-def _all(codec) -> dict:
-    return {"axes": {"data": codec, "tensor": codec, "pipe": codec}}
-
-
-# ZFP at rate 16 saves nothing on 16-bit floats: the presets give them rate 12 (1.33x).
-_ZFP16 = {"codec": "zfp", "rate": 16, "bfloat16": "zfp:12", "float16": "zfp:12"}
-
-PRESETS: dict[str, dict] = {
-    "none": {"axes": {}},
-    "identity": _all("none"),
-    "zfp8": _all("zfp:8"),
-    "zfp16": _all(_ZFP16),
-    "mpc": _all(f"mpc:{MPC_BUDGET}"),
-    "mzhybrid": {
-        "axes": {"data": "zfp:8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}
-    },
-    "zhybrid": {"axes": {"data": "zfp:8", "tensor": _ZFP16, "pipe": _ZFP16}},
-    "qhybrid": {"axes": {"data": "q8", "tensor": f"mpc:{MPC_BUDGET}", "pipe": f"mpc:{MPC_BUDGET}"}},
-    "q8": _all("q8"),
-}
-# The hybrids with error feedback on the data-parallel gradients, their ZFP in 3-D blocks (64
-# values per exponent): the same bits as 1-D, ~3x less error on gradients and activations; over
-# three seeds it took the hybrids' loss gap to none within 0.5 % (docs/benchmarks.md, the sweep).
-_EF = {"codec": "zfp", "rate": 8, "dims": 3, "error_feedback": True}
-_ZFP16_D3 = {"codec": "zfp", "rate": 16, "dims": 3, "bfloat16": "zfp:12:d3", "float16": "zfp:12:d3"}
-PRESETS["mzhybrid_ef"] = {"axes": {**PRESETS["mzhybrid"]["axes"], "data": _EF}}
-PRESETS["zhybrid_ef"] = {"axes": {"data": _EF, "tensor": _ZFP16_D3, "pipe": _ZFP16_D3}}
-PRESETS["zfp8_ef"] = {  # zfp8 as the seed measured it (1-D), with error feedback on data
-    "axes": {**PRESETS["zfp8"]["axes"], "data": {"codec": "zfp", "rate": 8, "error_feedback": True}}
-}
-PRESETS["q8_ef"] = {
-    "axes": {**PRESETS["q8"]["axes"], "data": {"codec": "q8", "error_feedback": True}}
-}
-# 4 bits per gradient value: rotated q4 with error feedback on the data gradients, the parameter
-# gathers (ZeRO) in q8, lossless MPC for the model-parallel traffic.
-PRESETS["q4_ef"] = {
-    "axes": {
-        "data": {"codec": "q4:h", "error_feedback": True, "param": "q8"},
-        "tensor": f"mpc:{MPC_BUDGET}",
-        "pipe": f"mpc:{MPC_BUDGET}",
-    }
-}
-# q4_ef with every data-axis message in 4 bits: gradients and parameter gathers rotated in blocks
-# of 1024 values (under ZeRO the gathers are half the data axis' bytes; in q8 they alone are
-# 0.128 of uncompressed training's).
-PRESETS["q4_ef4"] = {
-    "axes": {
-        "data": {"codec": "q4:b1024:h", "error_feedback": True, "param": "q4:b1024:h"},
-        "tensor": f"mpc:{MPC_BUDGET}",
-        "pipe": f"mpc:{MPC_BUDGET}",
-    }
-}

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jaxhc.codecs._base import Codec
 from jaxhc.codecs._identity import Identity
 from jaxhc.codecs._mpc import Mpc
-from jaxhc.codecs._quant import parse_quant
+from jaxhc.codecs._quant import Quant, parse_quant
 from jaxhc.codecs._zfp import Zfp
+from jaxhc.schema import structure
 
 CodecLike = Codec | str | None
 
@@ -19,6 +22,38 @@ SPEC_FORMS: dict[str, str] = {
     "q8": "q8[:b<block>][:sr[<seed>]|:h]",
     "q4": "q4[:b<block>][:sr[<seed>]|:h]",
 }
+
+
+# A codec as a mapping of its fields (a policy's ``{codec: zfp, rate: 8}``), per name: its class,
+# the codec whose values the fields left out take (None: the class's defaults) and the fields its
+# name fixes (q8's and q4's bits).
+FIELD_FORMS: dict[str, tuple[type[Codec], Codec | None, tuple[str, ...]]] = {
+    "zfp": (Zfp, None, ()),
+    "q8": (Quant, Quant(bits=8), ("bits",)),
+    "q4": (Quant, Quant(bits=4), ("bits",)),
+    "mpc": (Mpc, None, ()),
+    "none": (Identity, None, ()),
+}
+
+
+def from_fields(name: str, fields: Mapping, where: str, base: Codec | None = None) -> Codec:
+    """The codec `name` (a key of `FIELD_FORMS`) with `fields`; `base`, when given, replaces the
+    form's codec whose values the fields left out take. A bad or unknown field is one ValueError
+    line starting with `where` (its ``__post_init__`` checks: with `where`.codec).
+
+    >>> from jaxhc.codecs import from_fields
+    >>> from_fields("zfp", {"rate": 8, "dims": 3}, "policy p: axes.data")
+    Zfp(rate=8.0, dims=3)
+    >>> from_fields("q8", {"bits": 4}, "policy p: axes.data")
+    Traceback (most recent call last):
+    ValueError: policy p: axes.data: unknown key 'bits'
+    """
+    cls, default, fixed = FIELD_FORMS[name]
+    for key in fixed:
+        if key in fields:
+            raise ValueError(f"{where}: unknown key {key!r}")
+    base = default if base is None else base
+    return structure(cls, fields, kind=None, where=where, base=base, checks=f"{where}.codec")
 
 
 def parse(spec: CodecLike) -> Codec | None:

@@ -26,7 +26,7 @@ def _gather_raw(x, axis_name, axis, tiled, to, vma):
 
 
 def gather_plain(x, axis_name, axis, tiled, to, kind, vma):
-    raw = (transport().axis_size(axis_name) - 1) * c.nbytes(x)
+    raw = volume.raw("all_gather", transport().axis_size(axis_name), c.nbytes(x))
     return c.record(
         axis_name, kind, raw, raw, anchor=_gather_raw(x, axis_name, axis, tiled, to, vma)
     )
@@ -59,7 +59,7 @@ def _gather_run(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
         return gather_plain(x, axis_name, axis, tiled, to, kind, vma)
     t = transport()
     parts = t.axis_size(axis_name)
-    raw = (parts - 1) * c.nbytes(x)
+    raw = volume.raw("all_gather", parts, c.nbytes(x))
 
     def arrange(rows):  # (P, x.size) -> the gathered array
         out = jnp.moveaxis(rows.reshape((parts,) + x.shape), 0, axis)
@@ -87,7 +87,7 @@ def _gather_run(x, axis_name, axis, tiled, to, codec: Codec | None, kind, vma):
 
 def scatter_plain(x, axis_name, dim, tiled, kind):
     parts = transport().axis_size(axis_name)
-    raw = (parts - 1) / parts * c.nbytes(x)
+    raw = volume.raw("psum_scatter", parts, c.nbytes(x))
     out = transport().psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
     return c.record(axis_name, kind, raw, raw, anchor=out)
 
@@ -109,7 +109,7 @@ def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=No
         return (out, ef.kept(y, send)) if feedback else out
     t = transport()
     parts = t.axis_size(axis_name)
-    raw = (parts - 1) / parts * c.nbytes(x)
+    raw = volume.raw("psum_scatter", parts, c.nbytes(x))
     agree = volume.agreement(codec, parts)
     moved = jnp.moveaxis(send, dim, 0)
     chunk_shape = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]

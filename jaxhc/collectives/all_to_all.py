@@ -69,7 +69,7 @@ def _one(x, axis_name, split_axis, concat_axis, tiled, codec, policy, kind):
 
 def _plain(x, axis_name, split_axis, concat_axis, tiled, kind):
     parts = transport().axis_size(axis_name)
-    raw = (parts - 1) / parts * c.nbytes(x)
+    raw = volume.raw("all_to_all", parts, c.nbytes(x))
     out = transport().all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
     return c.record(axis_name, kind, raw, raw, anchor=out)
 
@@ -94,7 +94,7 @@ def _compressed(x, axis_name, split_axis, concat_axis, tiled, codec: Codec | Non
         return _plain(x, axis_name, split_axis, concat_axis, tiled, kind)
     t = transport()
     parts = t.axis_size(axis_name)
-    raw = (parts - 1) / parts * c.nbytes(x)
+    raw = volume.raw("all_to_all", parts, c.nbytes(x))
     agree = volume.agreement(codec, parts)
     moved = jnp.moveaxis(x, split_axis, 0)
     # chunk j (what rank j receives): the slice j along split_axis, in x's axis order.

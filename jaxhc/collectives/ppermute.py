@@ -43,8 +43,9 @@ def _one(x, axis_name, perm, codec, policy, kind):
 
 
 def _plain(x, axis_name, perm, kind, nbytes=None):
-    share = len(perm) / transport().axis_size(axis_name)
-    raw, wire = share * (c.nbytes(x) if nbytes is None else nbytes), share * c.nbytes(x)
+    senders, parts = len(perm), transport().axis_size(axis_name)
+    raw = volume.permute(senders, parts, c.nbytes(x) if nbytes is None else nbytes)
+    wire = volume.permute(senders, parts, c.nbytes(x))
     out = transport().ppermute(x, axis_name, perm)
     return c.record(axis_name, kind, raw, wire, anchor=out)
 
@@ -83,8 +84,7 @@ def _compressed(x, axis_name, perm, codec: Codec | None, kind, nbytes=None, sent
         return _plain(x, axis_name, perm, kind)
     t = transport()
     parts = t.axis_size(axis_name)
-    share = len(perm) / parts  # average fraction of ranks that send
-    raw = share * (c.nbytes(x) if nbytes is None else nbytes)
+    raw = volume.permute(len(perm), parts, c.nbytes(x) if nbytes is None else nbytes)
     payload, ok = c.encode_one(codec, x)
     agree = volume.agreement(codec, parts)
     receivers = sorted(d for _, d in perm)
@@ -103,7 +103,13 @@ def _compressed(x, axis_name, perm, codec: Codec | None, kind, nbytes=None, sent
 
     def permute():
         got = t.ppermute(payload, axis_name, perm)
-        c.record(axis_name, kind, raw, share * payload.shape[0] + agree, anchor=got)
+        c.record(
+            axis_name,
+            kind,
+            raw,
+            volume.permute(len(perm), parts, payload.shape[0]) + agree,
+            anchor=got,
+        )
         if len(receivers) == parts:
             return received(got)
         # Ranks that receive nothing hold a zero payload, which is no valid stream for every
@@ -115,7 +121,14 @@ def _compressed(x, axis_name, perm, codec: Codec | None, kind, nbytes=None, sent
 
     def plain():
         out = t.ppermute(x, axis_name, perm)
-        c.record(axis_name, kind, raw, share * c.nbytes(x) + agree, True, anchor=out)
+        c.record(
+            axis_name,
+            kind,
+            raw,
+            volume.permute(len(perm), parts, c.nbytes(x)) + agree,
+            True,
+            anchor=out,
+        )
         return (out, x) if sent else out
 
     return c.guarded(ok, axis_name, codec, permute, plain)

@@ -123,15 +123,10 @@ def _bwd(axis_name, codec, kind, vma, nbytes, ct):
     return _psum(ct, axis_name, codec, kind, vma, nbytes)
 
 
-def _ring(parts: int, nbytes: float) -> float:
-    """Bytes per rank a ring allreduce of `nbytes` moves."""
-    return volume.ring("psum", parts, nbytes)[1]
-
-
 def _plain(x, axis_name, kind, nbytes=None):
     parts = transport().axis_size(axis_name)
-    raw = _ring(parts, c.nbytes(x) if nbytes is None else nbytes)
-    wire = _ring(parts, c.nbytes(x))
+    raw = volume.raw("psum", parts, c.nbytes(x) if nbytes is None else nbytes)
+    wire = volume.raw("psum", parts, c.nbytes(x))
     return c.record(axis_name, kind, raw, wire, anchor=transport().psum(x, axis_name))
 
 
@@ -146,7 +141,7 @@ def _run(x, axis_name, codec: Codec | None, kind, residual=None, nbytes=None):
         out = _plain(send, axis_name, kind, nbytes)
         return (out, ef.kept(y, send)) if feedback else out
     n, shape, dtype = x.size, x.shape, x.dtype
-    raw = _ring(parts, c.nbytes(x) if nbytes is None else nbytes)
+    raw = volume.raw("psum", parts, c.nbytes(x) if nbytes is None else nbytes)
     if not feedback and t.fused(codec, dtype, axis_name):
         out, wire, fell = t.fused_psum(x, axis_name, codec)
         return c.record(axis_name, kind, raw, wire, fell, anchor=out)
@@ -188,7 +183,7 @@ def _run(x, axis_name, codec: Codec | None, kind, residual=None, nbytes=None):
         return unrows(out), unrows(jnp.where(owned, lost + lost2, lost))
 
     def plain():
-        wire = _ring(parts, c.nbytes(x)) + agree
+        wire = volume.raw("psum", parts, c.nbytes(x)) + agree
         out = c.record(axis_name, kind, raw, wire, True, anchor=t.psum(send, axis_name))
         return out, ef.kept(y, send) if feedback else None
 

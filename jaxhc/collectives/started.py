@@ -108,7 +108,7 @@ def psum_scatter_start(x, axis_name, *, codec: CodecLike = None, policy=None, ki
             f"psum_scatter_start: dimension 0 of {x.shape} must be a multiple of the axis size "
             f"{parts} of {axis_name!r}"
         )
-    raw = volume.ring("psum_scatter", parts, c.nbytes(x))[1]
+    raw = volume.raw("psum_scatter", parts, c.nbytes(x))
     return _start("psum_scatter", x, axis_name, codec, policy, kind, raw)
 
 
@@ -121,7 +121,7 @@ def psum_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None)
     """Start ``jaxhc.psum(x, axis_name, ...)`` of one array."""
     x = c.as_array(x)
     parts = transport().axis_size(axis_name)
-    ring = volume.ring("psum", parts, c.nbytes(x))[1]
+    ring = volume.raw("psum", parts, c.nbytes(x))
     return _start("psum", x, axis_name, codec, policy, kind, ring, ring)
 
 
@@ -137,7 +137,7 @@ def all_gather_start(x, axis_name, *, tiled=False, codec: CodecLike = None, poli
     if tiled and x.ndim == 0:
         raise ValueError(f"all_gather_start: a tiled gather needs an array, not a scalar {x.shape}")
     shape = (parts * x.shape[0], *x.shape[1:]) if tiled else (parts, *x.shape)
-    raw = (parts - 1) * c.nbytes(x)  # every other rank's block, as the synchronous call counts
+    raw = volume.raw("all_gather", parts, c.nbytes(x))  # as the synchronous call counts
     return _start("all_gather", x, axis_name, codec, policy, kind, raw, shape=shape)
 
 

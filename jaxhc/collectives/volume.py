@@ -1,13 +1,17 @@
 """What a collective moves per device: the one byte model the collectives' ledger, the planner's
 traffic and cost models and the link profiler share.
 
-`ring` is a plain (uncompressed) collective as a ring moves it; `compressed` is what jaxhc's
-algorithms move under a codec (its static payload per row or block, rows padded to
-`ROW_MULTIPLE`, and the fallback agreement flags of a codec that may fail, `agreement`).
+`raw` is what a plain (uncompressed) collective moves per device as a ring moves it, for the bytes
+a rank passes in, and `steps` its latency steps (`ring`: both, for the bytes of its larger
+buffer); `compressed` is what jaxhc's algorithms move under a codec (its static payload per row
+or block, rows padded to `ROW_MULTIPLE`, and the fallback agreement flags of a codec that may
+fail, `agreement`).
 
 >>> import jax.numpy as jnp
 >>> from jaxhc.codecs import Zfp
 >>> from jaxhc.collectives import volume
+>>> volume.raw("psum", 4, 1024), volume.raw("all_gather", 4, 256), volume.steps("psum", 4)
+(1536.0, 768, 6)
 >>> volume.ring("psum", 4, 1024)
 (6, 1536.0)
 >>> volume.compressed(Zfp(rate=8), "psum", 4, 256, jnp.float32)  # 3 x 64 B twice + 2 flag rounds
@@ -18,13 +22,59 @@ from __future__ import annotations
 
 from jaxhc.codecs import Codec
 
-__all__ = ["OPS", "ROW_MULTIPLE", "agreement", "compressed", "ring", "rows"]
+__all__ = [
+    "OPS",
+    "RAW_OPS",
+    "ROW_MULTIPLE",
+    "agreement",
+    "compressed",
+    "permute",
+    "raw",
+    "ring",
+    "rows",
+    "steps",
+]
 
 # Compressed chunks are padded to a multiple of ZFP's 1-D block so no chunk has a partial one (in
 # 2-D/3-D this is the row of its layout: the codec pads a partial 16- or 64-value block itself).
 ROW_MULTIPLE = 4
 # The collectives `ring` models: a psum is a reduce-scatter and an all-gather.
 OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
+# The collectives `raw` and `steps` model: `OPS`, a pipeline's shift (ppermute: every rank but
+# the last sends), the exchange of two ranks (psum_pair) and a pipelined ring broadcast.
+RAW_OPS = (*OPS, "ppermute", "psum_pair", "broadcast")
+
+
+def raw(op: str, ranks: int, nbytes: float) -> float:
+    """Bytes per device a plain `op` (one of `RAW_OPS`) moves over `ranks` ranks when each rank
+    passes in `nbytes` bytes (the ledger's ``raw_bytes``): an all-gather every other rank's block,
+    a reduce-scatter or all-to-all (k - 1) / k of its input, a psum both."""
+    k = ranks
+    if op == "all_gather":
+        return (k - 1) * nbytes
+    if op in ("psum_scatter", "all_to_all"):
+        return (k - 1) / k * nbytes
+    if op == "psum":
+        return 2 * (k - 1) / k * nbytes
+    if op == "ppermute":
+        return permute(k - 1, k, nbytes)
+    if op == "psum_pair":
+        return permute(2, k, nbytes)
+    if op == "broadcast":
+        return nbytes  # a pipelined ring: every link carries the whole message
+    raise ValueError(f"raw: op {op!r} is not one of {', '.join(RAW_OPS)}")
+
+
+def permute(senders: int, ranks: int, nbytes: float) -> float:
+    """Bytes per device of a permutation in which `senders` of `ranks` ranks send `nbytes`."""
+    return senders / ranks * nbytes
+
+
+def steps(op: str, ranks: int) -> int:
+    """Latency steps of `op` (one of `RAW_OPS`) over `ranks` ranks as a ring runs it."""
+    if op not in RAW_OPS:
+        raise ValueError(f"steps: op {op!r} is not one of {', '.join(RAW_OPS)}")
+    return {"psum": 2 * (ranks - 1), "ppermute": 1, "psum_pair": 1}.get(op, ranks - 1)
 
 
 def ring(op: str, ranks: int, nbytes: float) -> tuple[int, float]:
@@ -32,10 +82,8 @@ def ring(op: str, ranks: int, nbytes: float) -> tuple[int, float]:
     larger buffer (an all-gather's output, the others' input) holds `nbytes` bytes."""
     if op not in OPS:
         raise ValueError(f"ring: op {op!r} is not one of {', '.join(OPS)}")
-    k = ranks
-    if op == "psum":
-        return 2 * (k - 1), 2 * (k - 1) / k * nbytes
-    return k - 1, (k - 1) / k * nbytes
+    # an all-gather moves what the reduce-scatter of its output (its reverse) moves
+    return steps(op, ranks), raw("psum_scatter" if op == "all_gather" else op, ranks, nbytes)
 
 
 def agreement(codec: Codec, ranks: int) -> int:

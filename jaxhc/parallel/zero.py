@@ -83,10 +83,17 @@ def levels(shard: ShardPlan | None) -> list[tuple[str, int]]:
 def residual_sizes(padded: int, shard: ShardPlan) -> list[int]:
     """Error feedback: the length of each level's residual (`levels` order), the vector that
     level's reduce-scatter sends (the padded vector, then 1/its inner ranks of it, ...)."""
+    return level_residuals(padded, [size for _, size in levels(shard)])
+
+
+def level_residuals(padded: int, sizes) -> list[int]:
+    """The residual lengths of `residual_sizes` for data levels of `sizes` ranks, innermost first
+    (a level of one rank sends nothing and keeps none): what the planner counts too."""
     out, n = [], padded
-    for _, size in levels(shard):
-        out.append(n)
-        n //= size
+    for size in sizes:
+        if size > 1:
+            out.append(n)
+            n //= size
     return out
 
 

@@ -37,9 +37,8 @@ from jaxhc.collectives import volume
 from jaxhc.plan.cluster import Cluster, Link
 from jaxhc.transport import MpiTransport
 
-__all__ = ["FUSED_OPS", "Comm", "comm_bytes", "comm_time", "dtype_of", "wire_bytes"]
+__all__ = ["Comm", "comm_bytes", "comm_time", "dtype_of", "wire_bytes"]
 
-FUSED_OPS = ("psum", "psum_scatter", "all_gather")  # the MPI transport's fused native calls
 RING_OPS = ("psum", "psum_scatter", "all_gather", "broadcast")  # ring passes over the group
 
 
@@ -65,17 +64,8 @@ class Comm:
 
     @property
     def raw(self) -> float:
-        """Raw bytes per call (ring)."""
-        n = self.message * self.itemsize
-        k = self.ranks
-        return {
-            "all_gather": (k - 1) * n,
-            "psum_scatter": (k - 1) / k * n,
-            "psum": 2 * (k - 1) / k * n,
-            "ppermute": (k - 1) / k * n,  # a pipeline: the last stage sends nothing forward
-            "psum_pair": 2 / k * n,  # two of the k ranks send
-            "broadcast": n,  # a pipelined ring: every link carries the whole message
-        }[self.op]
+        """Raw bytes per call (ring): `jaxhc.collectives.volume.raw`, as the ledger counts them."""
+        return volume.raw(self.op, self.ranks, self.message * self.itemsize)
 
     @property
     def wire(self) -> float:
@@ -103,21 +93,23 @@ class Comm:
         and an all-gather, half each) and, when the codec may fall back, the agreement on the
         flag (an all-reduce of an int32 per rank, `jaxhc.collectives.volume.agreement`)."""
         k = self.ranks
-        steps = {"psum": 2 * (k - 1), "ppermute": 1, "psum_pair": 1}.get(self.op, k - 1)
+        steps = volume.steps(self.op, k)
         if self.codec is None or self.codec.spec == "none":
             return [(self.op, steps, self.raw)]
         agree = volume.agreement(self.codec, k)
         payload = self.wire - agree
         if self.fused:  # the call's own schedule; flags in its messages but a scatter's
             agreed = self.op == "psum_scatter" and agree
-            return [(self.op, steps, payload)] + ([("psum", 2 * (k - 1), agree)] if agreed else [])
+            flags = [("psum", volume.steps("psum", k), agree)] if agreed else []
+            return [(self.op, steps, payload), *flags]
+        a2a, gather = volume.steps("all_to_all", k), volume.steps("all_gather", k)
         if self.op == "psum_scatter":
-            out = [("all_to_all", k - 1, payload)]
+            out = [("all_to_all", a2a, payload)]
         elif self.op == "psum":
-            out = [("all_to_all", k - 1, payload / 2), ("all_gather", k - 1, payload / 2)]
+            out = [("all_to_all", a2a, payload / 2), ("all_gather", gather, payload / 2)]
         else:
             out = [(self.op, steps, payload)]
-        return out + [("psum", 2 * (k - 1), agree)] if agree else out
+        return out + [("psum", volume.steps("psum", k), agree)] if agree else out
 
     def latency(self, cluster: Cluster, op: str, steps: int, link: Link) -> float:
         """Seconds of `steps` latencies of `op` over this group at `link`'s: every step at it,

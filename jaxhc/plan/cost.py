@@ -70,8 +70,9 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxhc.codecs import parse
+from jaxhc.parallel.zero import level_residuals
 from jaxhc.plan.cluster import Cluster
-from jaxhc.plan.comm import FUSED_OPS, Comm, dtype_of
+from jaxhc.plan.comm import Comm, dtype_of
 from jaxhc.plan.layout import (
     PRECISIONS,
     Layout,
@@ -80,14 +81,16 @@ from jaxhc.plan.layout import (
     tokens_per_microbatch,
 )
 from jaxhc.plan.shapes import ModelShape
+from jaxhc.transport import MpiTransport
 
 __all__ = [
     "Memory",
     "codec_by_policy",
     "codec_by_spec",
     "collectives",
+    "crosses_nodes",
     "memory",
-    "residual_values",
+    "spec_axes",
 ]
 
 
@@ -108,17 +111,6 @@ class Memory:
         return self.params + self.grads + self.optim + self.activations + self.temporaries
 
 
-def residual_values(lay: Layout, padded: int) -> int:
-    """Error feedback: a residual per reduce-scatter level (a level of k > 1 ranks), the vector it
-    sends: `padded` values at the innermost, 1/(the inner levels' ranks) of it further out."""
-    total, n = 0, padded
-    for k in lay.factors:
-        if k > 1:
-            total += n
-            n //= k
-    return total
-
-
 def memory(
     shape: ModelShape,
     lay: Layout,
@@ -135,8 +127,8 @@ def memory(
         p = 4 * (size if lay.params == 1 else padded // lay.params)
         g = 4 * padded // lay.grads
         os_ = 4 * (3 * padded // lay.optim + 2)
-        if error_feedback:
-            os_ += 4 * residual_values(lay, padded)
+        if error_feedback:  # a residual per reduce-scatter level, as the train state holds them
+            os_ += 4 * sum(level_residuals(padded, lay.factors))
     else:
         p, g, os_ = 2 * padded // lay.params, 2 * padded // lay.grads, 12 * padded // lay.optim
     b, tok = tokens_per_microbatch(lay, batch, seq)
@@ -161,8 +153,25 @@ def memory(
     return Memory(p, g, os_, act, temp)
 
 
+def crosses_nodes(lay: Layout, i: int, cluster: Cluster) -> bool:
+    """Whether the group of data level i (0 innermost; its ranks tensor x pipe devices apart)
+    spans more than one of `cluster`'s nodes."""
+    return lay.levels[i] * lay.tensor * lay.pipe > cluster.devices_per_node
+
+
+def spec_axes(lay: Layout, cluster: Cluster) -> dict[str, str]:
+    """`codec_by_spec`'s choice for `lay.codec` as a policy's ``axes``: the codec on every data
+    level of more than one rank whose group crosses nodes (`crosses_nodes`)."""
+    return {
+        lay.axis(i): lay.codec
+        for i, k in enumerate(lay.factors)
+        if k > 1 and crosses_nodes(lay, i, cluster)
+    }
+
+
 def codec_by_spec(spec: str):
-    """The planner's choice: `spec` on the data levels that cross nodes, nothing elsewhere."""
+    """The planner's choice: `spec` on the data levels that cross nodes (`spec_axes`, as
+    `collectives` asks it with `crosses_nodes`), nothing elsewhere."""
     codec = parse(spec)
     if codec is not None and codec.spec == "none":
         codec = None
@@ -216,7 +225,7 @@ def collectives(
         if k == 1:
             return
         span = levels[i] * tp
-        inter = span > cluster.devices_per_node
+        inter = crosses_nodes(lay, i, cluster)
         codec = codec_of(lay.axis(i), kind, itemsize, message * itemsize, inter)
         codec = None if op == "broadcast" else codec  # jaxhc has no compressed broadcast
         members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
@@ -305,11 +314,11 @@ def collectives(
 
 
 def _fused(lay: Layout, codec, op: str, feedback: bool) -> bool:
-    """Whether the MPI transport runs this compressed collective as one fused native call (the
-    codecs with a `native_call`: ZFP and MPC; error feedback takes jaxhc's own algorithm, which
-    needs the decoded payloads)."""
-    native = codec is not None and codec.native_call(jnp.float32) is not None
-    return lay.transport == "mpi" and native and op in FUSED_OPS and not feedback
+    """Whether the MPI transport runs this compressed collective as one fused native call
+    (`MpiTransport.fuses`, the codecs with a `native_call`; error feedback takes jaxhc's own
+    algorithm, which needs the decoded payloads)."""
+    native = codec is not None and MpiTransport.fuses(codec, jnp.float32)
+    return lay.transport == "mpi" and native and op in MpiTransport.FUSED_OPS and not feedback
 
 
 def _members(k: int, stride: int, per_node: int) -> int:

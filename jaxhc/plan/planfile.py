@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxhc._checks import read_yaml
+from jaxhc.plan.cost import codec_by_policy, spec_axes
 from jaxhc.plan.search import Candidate, search
 from jaxhc.schema import structure
 
@@ -53,18 +54,14 @@ class Plan:
     def from_candidate(cls, cand: Candidate, compression=None, model=None, cluster=None) -> Plan:
         """The plan of planner row `cand`: its mesh, and `compression` when given (the policy its
         traffic was priced under), else its codec on the data levels that cross `cluster`'s
-        nodes (`jaxhc.plan.cost.codec_by_spec`); ``plan`` names `model` and `cluster`."""
+        nodes (`jaxhc.plan.cost.spec_axes`); ``plan`` names `model` and `cluster`."""
         lay = cand.layout
         if compression is not None:
             policy = compression
         elif lay.codec == "none":
             policy = "none"
         else:
-            axes = {}
-            for i, g in enumerate(lay.levels):
-                if lay.factors[i] > 1 and g * lay.tensor * lay.pipe > cluster.devices_per_node:
-                    axes[lay.axis(i)] = lay.codec
-            policy = {"name": "plan", "min_bytes": 0, "axes": axes}
+            policy = {"name": "plan", "min_bytes": 0, "axes": spec_axes(lay, cluster)}
         info = {
             "model": model,
             "cluster": cluster.name if cluster is not None else None,
@@ -122,8 +119,6 @@ def plans(
     microbatches (data follows from the devices), or `micro_batch` the sequences of a
     micro-batch; `compression` (a policy) prices every plan's traffic instead of trying
     `codecs` on the levels that cross nodes."""
-    from jaxhc.plan.cost import codec_by_policy
-
     mesh = mesh or {}
     if "data" in mesh:
         raise ValueError("--mesh: data follows from the cluster's devices; give tensor and pipe")

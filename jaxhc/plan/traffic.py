@@ -103,28 +103,28 @@ def data_collectives(mesh: MeshConfig, flat_bytes: int, segments=None) -> list[C
         p = whole // shard.params
         for axis in param_axes:
             if (k := size_of[axis]) > 1:
-                add(axis, "param", "all_gather", k, (k - 1) * p, p, count)
+                add(axis, "param", "all_gather", k, volume.raw("all_gather", k, p), p, count)
                 p *= k
     for whole, count in scatters:
         n = whole
         for axis, k in reversed(levels):
             if axis in param_axes:
                 if k > 1:
-                    add(axis, "grad", "psum_scatter", k, (k - 1) / k * n, n, count)
+                    add(axis, "grad", "psum_scatter", k, volume.raw("psum_scatter", k, n), n, count)
                 n //= k
     n = flat_bytes // shard.params  # the levels outside the parameter group, the whole vector
     for axis, k in reversed(levels):
         if axis not in param_axes:
             if k > 1:
-                add(axis, "grad", "psum_scatter", k, (k - 1) / k * n, n)
+                add(axis, "grad", "psum_scatter", k, volume.raw("psum_scatter", k, n), n)
             n //= k
     for axis, k in levels:
         if k > 1 and axis not in shard.grad_axes:
-            add(axis, "grad", "all_gather", k, (k - 1) * n, n)
+            add(axis, "grad", "all_gather", k, volume.raw("all_gather", k, n), n)
             n *= k
     m = flat_bytes // shard.optim
     for axis in shard.optim_axes:  # up to the parameter chunk: not over the parameter group
         if (k := size_of[axis]) > 1 and axis not in param_axes:
-            add(axis, "param", "all_gather", k, (k - 1) * m, m)
+            add(axis, "param", "all_gather", k, volume.raw("all_gather", k, m), m)
             m *= k
     return out

@@ -38,9 +38,12 @@ def available() -> bool:
 
 def supports(codec: Codec | None, dtype) -> bool:
     """Whether a fused call exists for this codec (None: plain) and dtype."""
-    if not available() or jnp.dtype(dtype) not in DTYPES:
-        return False
-    return codec is None or codec.native_call(dtype) is not None
+    return available() and fusable(codec, dtype)
+
+
+def fusable(codec: Codec | None, dtype) -> bool:
+    """Whether the engine has a fused call for this codec (None: plain) and dtype, built or not."""
+    return jnp.dtype(dtype) in DTYPES and (codec is None or codec.native_call(dtype) is not None)
 
 
 def _primitive(name, abstract, attrs):

@@ -47,6 +47,8 @@ class MpiTransport(Transport):
     # raw bytes per pipelined segment of a compressed fused call (psum, psum_scatter,
     # all_gather): its segments are encoded, sent and decoded in a pipeline
     SEGMENT_BYTES = _mpi_fused.SEGMENT_BYTES
+    # the collectives `fused` may take (`fused_psum`, `fused_psum_scatter`, `fused_all_gather`)
+    FUSED_OPS = ("psum", "psum_scatter", "all_gather")
 
     def __init__(self, grid: ProcessGrid, *, psum: str = "exact"):
         import mpi4jax  # noqa: F401  (imports fail early, with mpi4jax's own message)
@@ -84,6 +86,18 @@ class MpiTransport(Transport):
 
     def fused(self, codec, dtype, axis_name) -> bool:
         return self.axis_size(axis_name) > 1 and _mpi_fused.supports(codec, dtype)
+
+    @staticmethod
+    def fuses(codec, dtype) -> bool:
+        """Whether the native engine has a fused call for `codec` (None: plain) on `dtype`
+        messages, whether or not this build has the engine: the rule `fused` applies and
+        `jaxhc.plan` prices, for a cluster that has it.
+
+        >>> from jaxhc.codecs import parse
+        >>> [MpiTransport.fuses(parse(spec), "float32") for spec in ("zfp:8", "q8:sr")]
+        [True, False]
+        """
+        return _mpi_fused.fusable(codec, dtype)
 
     def fused_psum(self, x, axis_name, codec):
         y, wire, fell = _mpi_fused.psum(x.reshape(-1), self.grid.comm(axis_name), codec)
