@@ -183,7 +183,9 @@ def loss_and_grads(params, tokens, cfg, mesh_cfg):
     return loss, sum_shared(grads)
 
 
-def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overlap=False):
+def sharded_loss_and_grads(
+    chunk, opt_state, tokens, cfg, mesh_cfg, plan, overlap=False, choose=None
+):
     """Sharded parameters (s_p > 1): (global loss, this rank's reduced gradient chunk, opt_state)
     from its parameter chunk. The parameters are gathered over the parameter group, whose
     reverse mode reduce-scatters the gradients over the same levels; `zero.reduce` does the
@@ -196,7 +198,8 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
     transport can: `jaxhc.parallel.prefetch`); the layers' gradients are reduce-scattered one
     layer at a time (`layers.scatter_layers`). ``keep``: each layer's part gathered in the forward
     only (`jaxhc.parallel.keep`), its gradient's reduce-scatter started in the backward where
-    the transport can."""
+    the transport can. `choose`: how the parameter gathers run (`keep.first_gathers`; None:
+    under the step's policy)."""
     shard, layout = plan.shard, plan.layout
     summed = functools.partial(sum_shared, data=shard.axes)
     scattered = len(shard.param_axes)
@@ -206,7 +209,9 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
     data = shard.data_axis
 
     if not shard.per_layer:
-        gather = zero.gather_params(layout.unflatten, lambda ct: layout.flatten(summed(ct)), shard)
+        gather = zero.gather_params(
+            layout.unflatten, lambda ct: layout.flatten(summed(ct)), shard, choose
+        )
 
         def objective(chunk, residuals):
             return local_loss(gather(chunk, residuals), tokens, cfg, mesh_cfg, data)
@@ -214,7 +219,7 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
         local, (g, done) = jax.value_and_grad(objective, argnums=(0, 1))(chunk, mine)
     else:
         gather = zero.gather_params(
-            layout.shared_tree, lambda ct: layout.shared_flat(summed(ct)), shard
+            layout.shared_tree, lambda ct: layout.shared_flat(summed(ct)), shard, choose
         )
         shared, pieces = layout.split(chunk)
         parts = [layout.split(r) for r in mine]  # per level: (shared part, layers' parts)
@@ -223,7 +228,7 @@ def sharded_loss_and_grads(chunk, opt_state, tokens, cfg, mesh_cfg, plan, overla
             codecs = zero.whole_codecs(layout, shard)
             start = overlap and mesh_cfg.microbatches == 1 and residual is None
             reduce_row, pad, width, finish = keep.row_reducer(layout, shard, codecs, start)
-            fetch = keep.Keep(layout, shard, reduce_row, pad, overlap)
+            fetch = keep.Keep(layout, shard, reduce_row, pad, overlap, choose)
         else:
             fetch = prefetch.layer_fetch(layout, shard, overlap)
         sink = jnp.zeros((layout.layers, width), jnp.float32)

@@ -19,7 +19,10 @@ The bits are ZeRO-1's with the same policy: every rank, the owner included, comp
 param codec's decoded values of the same chunks, and the gradients are reduced level by level
 in rank order as the whole vector's are. ZeRO-1's first step computes with the exact initial
 parameters (its first gather follows the first update): under a lossy param codec this mode's
-first step gathers them uncoded (`first_step`).
+first step gathers them uncoded. The choice is made at each gather (`first_gathers`: a
+`lax.cond` on the step around the gather, or around a started gather's start and again around
+its done, which pair up as every rank takes the same branch of both), not around the whole
+loss-and-gradient program, which would keep XLA from scheduling the step as one program.
 """
 
 from __future__ import annotations
@@ -37,23 +40,27 @@ from jaxhc.parallel import prefetch, zero
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layout import FlatLayout
 
-__all__ = ["Keep", "first_step", "plain_params", "row_reducer"]
+__all__ = ["Keep", "first_gathers", "plain_params", "row_reducer"]
 
 
 class Keep:
     """``scan(layer, x, (pieces, sink)) -> hidden``: the layers on their parameters gathered
     over the parameter group from `pieces` (layers, width: this device's part of each layer's
     chunk), started a layer ahead where the transport can, kept for the backward; the sink's
-    cotangent (layers, ...) is ``reduce_row(row)`` of each layer's local gradient row."""
+    cotangent (layers, ...) is ``reduce_row(row)`` of each layer's local gradient row; `choose`:
+    how each gather runs (`first_gathers`; None: under the step's policy)."""
 
-    def __init__(self, layout, shard: ShardPlan, reduce_row: Callable, pad: bool, ahead=True):
+    def __init__(
+        self, layout, shard: ShardPlan, reduce_row: Callable, pad: bool, ahead=True, choose=None
+    ):
         self.layout, self.shard, self.reduce_row, self.pad = layout, shard, reduce_row, pad
         self.ahead = ahead  # `train.overlap`: gathers started a layer ahead where they can be
+        self.choose = choose or _as_is
 
     def scan(self, layer, x, blocks):
         pieces, sink = blocks
         layers = pieces.shape[0]
-        chain = prefetch._Chain(pieces.shape[1], layers, self.shard)
+        chain = prefetch._Chain(pieces.shape[1], layers, self.shard, self.choose)
         if not self.ahead:
             chain.depth = 0
         run = self._layer(layer, chain)
@@ -67,14 +74,15 @@ class Keep:
         return lax.scan(body, (x, pending), (index, sink))[0][0]
 
     def _layer(self, layer, chain: prefetch._Chain):
-        layout, shard = self.layout, self.shard
+        layout, shard, choose = self.layout, self.shard, self.choose
 
         def gather(h, pending, whole, i):
             """Layer i's parameters, and the next layer's gather started before the layer runs
             (the barrier keeps XLA from running it first)."""
             if not chain.depth:  # nothing can be started: gathered here, synchronously
                 piece = lax.dynamic_index_in_dim(whole, i, keepdims=False)
-                return layout.layer_tree(zero.gather_chunk(piece, shard)), h, pending
+                flat = choose(lambda p: zero.gather_chunk(p, shard), piece)
+                return layout.layer_tree(flat), h, pending
             params = layout.layer_tree(chain.params(pending))
             take = lambda j: lax.dynamic_index_in_dim(  # noqa: E731
                 whole, jnp.clip(j, 0, chain.layers - 1), keepdims=False
@@ -150,20 +158,29 @@ def plain_params(policy):
     return dataclasses.replace(policy, axes=tuple((a, entry(e)) for a, e in policy.axes))
 
 
-def first_step(step, shard: ShardPlan, fn: Callable):
-    """``fn()`` traced under the step's policy, and where that codes a parameter gather lossily,
-    under `plain_params` of it on step 0 (ZeRO-1's first forward runs on the exact initial
-    parameters): one of the two, chosen by `step` (the same on every rank)."""
+def _as_is(fn, *args):
+    return fn(*args)
+
+
+def first_gathers(step, shard: ShardPlan) -> Callable:
+    """``choose(gather, *args)``: ``gather(*args)`` (a parameter gather, or a started one's start
+    or done) traced under the step's policy, and where that codes a parameter gather lossily,
+    also under `plain_params` of it, the latter run on step 0 (ZeRO-1's first forward runs on
+    the exact initial parameters): one of the two, chosen by `step` (the same on every rank)."""
     policy = context.policy()
     lossy = policy is not None and any(
         (c := policy.codec_for(a, "param", jnp.float32)) is not None and not c.lossless
         for a in shard.param_axes
     )
     if not lossy:
-        return fn()
+        return _as_is
+    first, plain = step == 0, plain_params(policy)
 
-    def plain():
-        with context.use(policy=plain_params(policy)):
-            return fn()
+    def choose(gather, *args):
+        def uncoded(*args):
+            with context.use(policy=plain):
+                return gather(*args)
 
-    return lax.cond(step == 0, plain, fn)
+        return lax.cond(first, uncoded, gather, *args)
+
+    return choose

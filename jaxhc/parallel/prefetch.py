@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxhc
+from jaxhc import context
 from jaxhc.collectives import started
 from jaxhc.parallel.amsp import ShardPlan
 from jaxhc.parallel.layers import layer_fetch as fetch_layers
@@ -65,10 +66,13 @@ class _Chain:
     """One layer's gather over the parameter group as stages: the levels (outermost first) up
     to and including the first started one, then each started level with the synchronous
     levels after it. `starts[d]` is stage d's started level; `begun` keeps each started call's
-    description (the same for every layer) from its first start."""
+    description (the same for every layer; one per policy it is traced under) from its first
+    start. `choose(fn, *args)` runs each stage's start and each finish (`keep.first_gathers`:
+    uncoded on a step chosen at run time; None: ``fn(*args)``)."""
 
-    def __init__(self, width: int, layers: int, shard: ShardPlan):
+    def __init__(self, width: int, layers: int, shard: ShardPlan, choose=None):
         self.layers = layers
+        self.choose = choose or (lambda fn, *args: fn(*args))
         self.stages: list[list[str]] = [[]]
         n = width
         for axis in shard.param_axes:
@@ -79,7 +83,7 @@ class _Chain:
                 self.stages.append([])
             n *= size
         self.depth = len(self.stages) - 1  # D: how many layers ahead a gather begins
-        self.begun: dict[int, started.Started] = {}
+        self.begun: dict[tuple, started.Started] = {}
 
     @staticmethod
     def _sync(x, axes):
@@ -90,14 +94,22 @@ class _Chain:
     def _start(self, d: int, x) -> jax.Array:
         """Stage d's synchronous levels, then its started level's call: the handle."""
         *sync, axis = self.stages[d]
-        call = started.all_gather_start(self._sync(x, sync), axis, tiled=True, kind="param")
-        self.begun[d] = call
-        return call.handle
+
+        def start(x):
+            call = started.all_gather_start(self._sync(x, sync), axis, tiled=True, kind="param")
+            self.begun[d, id(context.policy())] = call
+            return call.handle
+
+        return self.choose(start, x)
 
     def _finish(self, d: int, handle) -> jax.Array:
         """Stage d's started call, finished (the last one's: and the levels after it)."""
-        x = started.all_gather_done(self.begun[d].like(handle))
-        return self._sync(x, self.stages[-1]) if d == self.depth - 1 else x
+
+        def finish(handle):
+            x = started.all_gather_done(self.begun[d, id(context.policy())].like(handle))
+            return self._sync(x, self.stages[-1]) if d == self.depth - 1 else x
+
+        return self.choose(finish, handle)
 
     def advance(self, i, pending: tuple, piece: Callable[[object], jax.Array], sign: int):
         """One layer's step of the pipeline, going `sign` (+1 forward, -1 backward) from layer

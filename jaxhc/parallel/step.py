@@ -108,14 +108,11 @@ def per_shard_train_step(
         before = _local_opt(state.opt_state)
         if shard.sharded_params:
             params = params.reshape(-1)  # this rank's flat parameter chunk
-            sharded = functools.partial(
-                shard_grads.sharded_loss_and_grads,
-                params, before, tokens, model_cfg, mesh_cfg, plan, overlap,
-            )  # fmt: skip
-            if shard.gather == "keep":  # step 0 on the exact parameters, as ZeRO-1's
-                loss, g, opt_state = keep.first_step(state.step, shard, sharded)
-            else:
-                loss, g, opt_state = sharded()
+            # keep: step 0 gathers the exact parameters, as ZeRO-1's first forward runs on them
+            choose = keep.first_gathers(state.step, shard) if shard.gather == "keep" else None
+            loss, g, opt_state = shard_grads.sharded_loss_and_grads(
+                params, before, tokens, model_cfg, mesh_cfg, plan, overlap, choose
+            )
             local = None
         elif overlap and shard_grads.overlaps(
             plan, fidelity_every, codecs := zero.whole_codecs(layout, shard)

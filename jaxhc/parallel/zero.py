@@ -24,6 +24,8 @@ The collectives are compressed by the policy of `jaxhc.context` (the train step 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -194,7 +196,7 @@ def gather_chunk(chunk, shard: ShardPlan):
     return chunk
 
 
-def gather_params(unflatten, flatten, shard: ShardPlan):
+def gather_params(unflatten, flatten, shard: ShardPlan, choose=None):
     """Sharded parameters (s_p > 1): ``gather(chunk, residuals) -> parameter tree``, the
     device's 1/s_p chunk of a flat vector all-gathered over the parameter group, outermost
     sub-axis first (``kind="param"``), and `unflatten`ed. Its reverse mode is the gradients'
@@ -208,13 +210,15 @@ def gather_params(unflatten, flatten, shard: ShardPlan):
     them): the device holds them once, for the forward and as the model's own autodiff
     residuals, and frees them after the backward. With ``mesh.shard.gather: whole`` this
     gathers the whole local vector; per layer it gathers the shared parameters (`layer_fetch`
-    gathers the layers').
+    gathers the layers'). `choose(fn, chunk)` runs the gather (`keep.first_gathers`; None:
+    ``fn(chunk)``).
     """
     param_steps = levels(shard)[: len(shard.param_axes)]
+    whole = functools.partial(gather_chunk, shard=shard)
 
     @jax.custom_vjp
     def gather(chunk, residuals):
-        return unflatten(gather_chunk(chunk, shard))
+        return unflatten(whole(chunk) if choose is None else choose(whole, chunk))
 
     def fwd(chunk, residuals):
         return gather(chunk, residuals), residuals
