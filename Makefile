@@ -80,7 +80,9 @@ MPI_TIMEOUT ?= 600
 MPIRUN = timeout -k 10 $(MPI_TIMEOUT) mpirun --oversubscribe --allow-run-as-root --bind-to none
 # Ranks waiting in MPI yield the core (rank 0 alone computes the XLA reference meanwhile).
 MPI_ENV = PYTHONPATH=tests XLA_FLAGS=--xla_force_host_platform_device_count=4 OMPI_MCA_mpi_yield_when_idle=1
-MPI_PYTEST = $(BIN)/python -m pytest -q -p mpi_plugin -p no:cacheprovider --timeout=150 -m mpi \
+# `make test` leaves out the MPI tests marked slow, as it does the others; `make test-all` runs them.
+MPI_MARK ?= mpi
+MPI_PYTEST = $(BIN)/python -m pytest -q -p mpi_plugin -p no:cacheprovider --timeout=150 -m "$(MPI_MARK)" \
   tests/test_mpi_transport.py tests/test_mpi_fused.py tests/test_overlap_mpi.py \
   tests/test_prefetch_mpi.py tests/test_keep_mpi.py
 
@@ -107,7 +109,7 @@ test: setup setup-mpi
 	  echo "JAX compilation cache: $$cache" && \
 	  $(XLA_HOST8) $(JAX_CACHE) $(PYTEST) -q -n 2 --dist loadscope --no-loadscope-reorder \
 	    --durations=25 -m "not slow and not mpi" && \
-	  $(JAX_CACHE) $(MAKE) --no-print-directory test-mpi MPI_NPS=4
+	  $(JAX_CACHE) $(MAKE) --no-print-directory test-mpi MPI_NPS=4 MPI_MARK="mpi and not slow"
 
 test-all: setup setup-mpi
 	$(XLA_HOST8) $(PYTEST) -q -m "not mpi"

@@ -208,8 +208,8 @@ NO_TENSOR = "--mesh", "data=4,tensor=1,pipe=2"
 )
 def test_resume_is_bit_exact_with_block_mixing_codecs(name, mesh, tmp_path):
     """Rotated q4/q8 decode non-zero values into the flat vectors' padding (a parameter's last
-    row, which holds fewer than 64 values in the tiny model): resumed at step 1 and at step 2,
-    the losses and every leaf of the final state are those of the uninterrupted run. Under
+    row, which holds fewer than 64 values in the tiny model): resumed at step 1 and again at
+    step 2, the losses and every leaf of the final state are those of the uninterrupted run. Under
     "tensor" = 2 too: the tensor ranks' copies of the parameters it does not split stay
     identical (a checkpoint keeps tensor rank 0's)."""
     policy = tmp_path / "policy.yaml"
@@ -221,14 +221,14 @@ def test_resume_is_bit_exact_with_block_mixing_codecs(name, mesh, tmp_path):
     cfg = load(os.path.join(CONFIGS, "experiments", "default.yaml"), TINY + over + common[-2:])
     plan = Plan(cfg.model, cfg.mesh, cfg.optim, str(policy))
     want = jax.tree.leaves(Checkpoints(str(full / "checkpoints")).read_global(plan, 3))
-    for at in (1, 2):
-        part = tmp_path / f"part{at}"
-        assert train(part, f"train.steps={at}", *common) == 0
-        assert train(part, "train.steps=3", "--resume", *common) == 0
-        assert losses(part) == losses(full), at  # bit-identical floats, steps 0..2
-        got = jax.tree.leaves(Checkpoints(str(part / "checkpoints")).read_global(plan, 3))
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_array_equal(g, w, err_msg=f"resumed at step {at}")
+    part = tmp_path / "part"  # stopped after step 1, resumed; stopped after step 2, resumed
+    assert train(part, "train.steps=1", *common) == 0
+    for steps in (2, 3):
+        assert train(part, f"train.steps={steps}", "--resume", *common) == 0
+    assert losses(part) == losses(full)  # bit-identical floats, steps 0..2
+    got = jax.tree.leaves(Checkpoints(str(part / "checkpoints")).read_global(plan, 3))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_report_writes_table_and_plots(tmp_path):
