@@ -4,6 +4,8 @@ The one rule for which process holds which block of a sharded array, used by the
 train state, checkpoints and canonical layouts: `block_slices` / `local_block` cut a process's
 block out of a global array, `owns_block` says whether a process holds the canonical copy of a
 block (the first along every mesh axis the spec does not name), `assemble` puts blocks back.
+The names of a nested data axis's levels, which specs and collectives name, are `data_axes`'s;
+`parent_axis` reads a level's name back as the mesh axis it splits.
 
 >>> import numpy as np
 >>> from jax.sharding import PartitionSpec as P
@@ -25,12 +27,33 @@ from jax.sharding import PartitionSpec as P
 __all__ = [
     "assemble",
     "block_slices",
+    "data_axes",
     "global_shape",
     "is_spec",
     "local_block",
     "map_specs",
     "owns_block",
+    "parent_axis",
 ]
+
+
+def data_axes(levels: int) -> tuple[str, ...]:
+    """The names of the data axis's `levels` nested levels, outermost first: "data" alone for one
+    level, else the sub-axes ``data.0`` (outermost) ... ``data.<levels - 1>`` (innermost).
+
+    >>> jaxhc.partition.data_axes(1), jaxhc.partition.data_axes(3)
+    (('data',), ('data.0', 'data.1', 'data.2'))
+    """
+    return ("data",) if levels == 1 else tuple(f"data.{i}" for i in range(levels))
+
+
+def parent_axis(name: str) -> str:
+    """The mesh axis that the sub-axis `name` (``<axis>.<i>``) splits; any other name as it is.
+
+    >>> jaxhc.partition.parent_axis("data.1"), jaxhc.partition.parent_axis("tensor")
+    ('data', 'tensor')
+    """
+    return name.split(".")[0]
 
 
 def is_spec(s) -> bool:

@@ -70,6 +70,7 @@ import jax.numpy as jnp
 
 from jaxhc._checks import read_yaml
 from jaxhc.codecs import Codec, Quant
+from jaxhc.partition import parent_axis
 from jaxhc.policy_axis import (
     DTYPES,
     FLAGS,
@@ -148,7 +149,7 @@ class Policy:
         """
         axes = []
         for axis, entry in self.axes:
-            if axis == "data" or axis.startswith("data."):
+            if parent_axis(axis) == "data":
                 overrides = tuple(o for o in entry.overrides if o[0] != "grad")
                 entry = dataclasses.replace(
                     entry,
@@ -211,8 +212,8 @@ class Policy:
         """The entry of mesh axis `axis` and its key: a sub-axis ``data.<i>`` of a nested data
         axis (`jaxhc.parallel.amsp`) without an entry of its own takes the one of ``data``."""
         table = dict(self.axes)
-        if axis not in table and isinstance(axis, str) and "." in axis:
-            axis = axis.split(".")[0]
+        if axis not in table and isinstance(axis, str):
+            axis = parent_axis(axis)
         return table.get(axis), axis
 
     def error_feedback(self, axis_name) -> bool:

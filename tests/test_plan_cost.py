@@ -549,3 +549,38 @@ def test_tensor_and_pipe_bytes_are_the_ledgers(data, tensor, pipe, micro):
         if c.axis in ("tensor", "pipe"):
             want[f"{c.axis}/{c.kind}"] += c.count * c.raw
     assert got == pytest.approx(dict(want), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "axes, min_bytes, with_wpe",
+    [
+        ({"data": "zfp:8"}, 0, True),  # a lossy data reduction: wpe joins the pair
+        ({"data": "zfp:8"}, 1 << 30, True),  # ... whatever min_bytes sends raw
+        ({"data": "zfp:8", "pipe": "zfp:8"}, 9000, True),  # the pair compressed, wpe in it
+        ({"pipe": "zfp:8"}, 0, False),  # a lossless data reduction: wte and ln_f alone
+    ],
+)
+def test_the_shared_gradients_pipe_exchange_is_the_ledgers(axes, min_bytes, with_wpe):
+    """Pipe 2, tied embeddings: the end stages' exchange of the shared gradients (the positions
+    too under a lossy data grad codec, its min_bytes aside: `jaxhc.parallel.grads.pairs`) moves
+    the bytes, raw and on the wire, that the planner charges for it."""
+    import jax
+    from _gpt import OPTIM, SEED, batch
+
+    from jaxhc.parallel import init_state, make_mesh, make_train_step
+
+    policy = jaxhc.Policy.from_dict({"name": "p", "min_bytes": min_bytes, "axes": axes})
+    mc = MeshConfig(2, 1, 2, 1)
+    mesh = make_mesh(mc, jax.devices()[: mc.size])
+    step = make_train_step(CFG, mc, OPTIM, mesh, policy)
+    state = init_state(CFG, mc, OPTIM, mesh, SEED, policy=policy)
+    with jaxhc.accounting.Ledger() as ledger:
+        jax.block_until_ready(step(state, batch(0, size=16))[1])
+    got = ledger.per_axis(devices=mc.size, by_kind=True)["pipe/grad"]
+    lay = Layout(2, 1, 2, 1, 1, 2, 2, (2,))
+    comms = collectives(SHAPE, lay, 16, CFG.block_size, CLUSTER, codec_by_policy(policy))
+    (pair,) = [c for c in comms if (c.axis, c.kind) == ("pipe", "grad")]
+    shared = CFG.vocab_size * CFG.n_embd + 2 * CFG.n_embd  # wte, ln_f
+    wpe = CFG.block_size * CFG.n_embd
+    assert pair.raw == 4 * (shared + (wpe if with_wpe else 0))
+    assert (got["raw_bytes"], got["wire_bytes"]) == (pair.count * pair.raw, pair.count * pair.wire)

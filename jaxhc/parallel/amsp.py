@@ -28,6 +28,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jaxhc
+from jaxhc import partition
 from jaxhc.model.config import MeshConfig
 
 
@@ -48,7 +49,7 @@ class ShardPlan:
         params, grads, optim, levels = mesh_cfg.shard.resolve(mesh_cfg.data)
         factors = [high // low for low, high in zip([1, *levels], levels, strict=False)]
         sizes = tuple(reversed(factors))
-        axes = ("data",) if len(sizes) == 1 else tuple(f"data.{i}" for i in range(len(sizes)))
+        axes = partition.data_axes(len(sizes))
         return cls(mesh_cfg.data, params, grads, optim, axes, sizes, mesh_cfg.shard.gather)
 
     @property

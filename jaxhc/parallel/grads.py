@@ -33,6 +33,7 @@ __all__ = [
     "overlapped_loss_and_grads",
     "overlaps",
     "paired",
+    "pairs",
     "sharded_loss_and_grads",
     "sum_shared",
 ]
@@ -163,18 +164,26 @@ def sum_shared(grads, data=("data",)):
 
 
 def paired(grads, data) -> tuple[str, ...]:
-    """The shared parameters of `grads` the last stage reads (`PAIRED` but an untied ``wte``),
-    and all of them when a lossy codec reduces the gradients over a `data` (sub-)axis: its
-    blocks may span neighbouring parameters of the flat ZeRO vector (``wpe`` lies between
-    ``ln_f`` and ``wte``), so the end stages' reductions give the paired parameters the same bits
-    only if their other shared gradients are the same too."""
-    first_only = ("wpe", "wte") if "lm_head" in grads else ("wpe",)
-    policy = context.policy()
-    for axis in axis_tuple(data) if policy is not None else ():
+    """`pairs` of the shared parameters of `grads`, under the policy of `jaxhc.context` and the
+    sizes of the `data` (sub-)axes."""
+    sizes = {axis: jaxhc.axis_size(axis) for axis in axis_tuple(data)}
+    return pairs(tuple(grads), context.policy(), sizes)
+
+
+def pairs(names, policy, data_sizes) -> tuple[str, ...]:
+    """The shared parameters among `names` whose gradients the end stages sum: those the last
+    stage reads (`PAIRED` but an untied ``wte``), and all of them when `policy` reduces float32
+    gradients with a lossy codec over a data (sub-)axis of more than one rank (`data_sizes`, its
+    ``min_bytes`` aside): its blocks may span neighbouring parameters of the flat ZeRO vector
+    (``wpe`` lies between ``ln_f`` and ``wte``), so the end stages' reductions give the paired
+    parameters the same bits only if their other shared gradients are the same too. The
+    planner asks it too (`jaxhc.plan.cost.collectives`)."""
+    first_only = ("wpe", "wte") if "lm_head" in names else ("wpe",)
+    for axis, size in data_sizes.items() if policy is not None else ():
         codec = policy.codec_for(axis, "grad", jnp.float32)
-        if jaxhc.axis_size(axis) > 1 and codec is not None and not codec.lossless:
+        if size > 1 and codec is not None and not codec.lossless:
             first_only = ()
-    return tuple(k for k in (*PAIRED, "wpe") if k in grads and k not in first_only)
+    return tuple(k for k in (*PAIRED, "wpe") if k in names and k not in first_only)
 
 
 def loss_and_grads(params, tokens, cfg, mesh_cfg):

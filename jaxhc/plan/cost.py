@@ -70,6 +70,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxhc.codecs import parse
+from jaxhc.parallel.grads import pairs
 from jaxhc.parallel.zero import level_residuals
 from jaxhc.plan.cluster import Cluster
 from jaxhc.plan.comm import Comm, dtype_of
@@ -179,6 +180,15 @@ def codec_by_spec(spec: str):
     def of(axis, kind, itemsize, nbytes, inter):
         return codec if inter and kind in ("grad", "param") else None
 
+    def policy(lay: Layout, cluster: Cluster):  # the policy a plan of `lay` runs (`Plan`)
+        from jaxhc.policy import Policy
+
+        if codec is None:
+            return None
+        axes = dict.fromkeys(spec_axes(lay, cluster), spec)
+        return Policy.from_dict({"name": "plan", "min_bytes": 0, "axes": axes})
+
+    of.policy = policy
     return of
 
 
@@ -196,6 +206,7 @@ def codec_by_policy(policy):
         return codec
 
     of.error_feedback = pol.error_feedback("data")  # the trainer's rule: residuals in the state
+    of.policy = lambda lay, cluster: pol
     return of
 
 
@@ -303,10 +314,12 @@ def collectives(
     if lay.pipe > 1:
         codec = codec_of("pipe", "act", ea, act * ea, lay.pipe > cluster.devices_per_node)
         out.append(Comm("pipe", "act", "ppermute", lay.pipe, lay.pipe, act, ea, 2 * m, codec))
-        # summed by the end stages, one message each way; the positions too under a lossy data
-        # grad codec (`jaxhc.parallel.grads.paired`)
-        lossy = any(c.kind == "grad" and c.codec and not c.codec.lossless for c in out)
-        paired = shape.paired_params(positions=lossy)
+        # summed by the end stages, one message each way: those the runtime pairs under the
+        # policy the plan runs (`jaxhc.parallel.grads.pairs`)
+        sizes = {lay.axis(i): k for i, k in enumerate(factors)}
+        policy = codec_of.policy(lay, cluster) if hasattr(codec_of, "policy") else None
+        shared = shape.shared_params()
+        paired = sum(shared[k] for k in pairs(tuple(shared), policy, sizes))
         if paired:
             codec = codec_of("pipe", "grad", eg, paired * eg, lay.pipe > cluster.devices_per_node)
             out.append(Comm("pipe", "grad", "psum_pair", lay.pipe, lay.pipe, paired, eg, 1, codec))

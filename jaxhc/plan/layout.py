@@ -14,6 +14,7 @@ import functools
 
 import jax
 
+from jaxhc import partition
 from jaxhc.plan.shapes import ModelShape
 
 __all__ = [
@@ -74,8 +75,7 @@ class Layout:
 
     def axis(self, i: int) -> str:
         """jaxhc's name of level i (0 innermost): "data" alone, else data.0 outermost."""
-        k = len(self.levels)
-        return "data" if k == 1 else f"data.{k - 1 - i}"
+        return partition.data_axes(len(self.levels))[-1 - i]
 
     @property
     def groups(self) -> tuple[int, ...]:

@@ -72,15 +72,16 @@ class ModelShape:
         head = 0 if self.tied else self.vocab * h
         return self.vocab * h + head + self.positions * h + (h if self.swiglu else 2 * h)
 
-    def paired_params(self, positions: bool = False) -> int:
-        """Parameters whose gradients a pipeline's first and last stage sum (jaxhc's model: the
-        head, read by the last stage (tied: the token embedding, which both read), and the final
-        norm, kept canonical on the first; the first stage's alone (the positions, an untied
-        token embedding) only with `positions`: under a lossy data codec)."""
+    def shared_params(self) -> dict[str, int]:
+        """The parameters every pipeline stage holds, by jaxhc's name (`jaxhc.parallel.layout.
+        SHARED`): the token embedding, the positions, the final norm, the untied head."""
         h = self.width
-        norm = h if self.swiglu else 2 * h
-        first_only = self.positions * h + (0 if self.tied else self.vocab * h)
-        return self.vocab * h + norm + (first_only if positions else 0)
+        out = {"wte": self.vocab * h, "ln_f": h if self.swiglu else 2 * h}
+        if self.positions:
+            out["wpe"] = self.positions * h
+        if not self.tied:
+            out["lm_head"] = self.vocab * h
+        return out
 
     def params(self) -> int:
         return self.layers * self.layer_params() + self.embedding_params()
