@@ -7,7 +7,12 @@
 #include "core/floats.h"
 
 #if defined(__x86_64__)
+// GCC 12 warns about _mm512_undefined_epi32 inside its own intrinsics (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace jaxhc {
