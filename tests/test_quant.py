@@ -321,7 +321,7 @@ def test_bad_arguments_are_one_line_errors():
 
 def test_bad_kernel_setting_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("JAXHC_QUANT_KERNEL", "sse9")
-    with pytest.raises(Exception, match="JAXHC_QUANT_KERNEL=sse9 is not one of auto, avx2"):
+    with pytest.raises(Exception, match="JAXHC_QUANT_KERNEL=sse9 is not one of auto, avx512, avx2"):
         jax.block_until_ready(Quant().encode(jnp.ones(16, jnp.float32)))
 
 

@@ -1,6 +1,6 @@
 """The rotated block quantizers q8:h / q4:h: the level tables against a Lloyd-Max solution with
 scipy, the transform against scipy's Hadamard matrix, payloads and decoded bits against the numpy
-oracle (tests/_quant_oracle.py) on both CPU kernels (the GPU: tests/test_quant.py), NaN/Inf and
+oracle (tests/_quant_oracle.py) on each CPU kernel (the GPU: tests/test_quant.py), NaN/Inf and
 huge values, the fused decode-and-sum, the collectives' fallback and error feedback, policies."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from scipy.optimize import fsolve
 from scipy.stats import norm
 from test_quant import (
     DTYPES,
+    KERNELS,
     assert_same_bits,
     kernel,  # noqa: F401 - the fixture: each CPU kernel
     oracle,
@@ -105,6 +106,25 @@ def test_payload_and_values_equal_the_oracle(bits, dtype):
             assert payload == want, f"{codec.spec} {dtype} n={n}: payload differs"
             assert ok and want_ok
             assert_same_bits(y, decoded)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block", [64, 128, 256, 512, 1024])
+def test_every_kernel_gives_the_same_bytes_and_values(block, bits, dtype, monkeypatch):
+    """Each CPU kernel (avx512, avx2, portable: those this CPU runs) encodes to the same payload
+    bytes and decodes to the same values, at every block size, with a partial last block."""
+    codec = Quant(bits=bits, block=block, rotate=True)
+    x = sample(3 * block + 37, dtype, seed=block + bits)
+    got = {}
+    for k in KERNELS:
+        monkeypatch.setenv("JAXHC_QUANT_KERNEL", k)
+        got[k] = ours(codec, x)
+    first = got[KERNELS[0]]
+    for k in KERNELS[1:]:
+        assert got[k][0] == first[0], f"{codec.spec} {dtype}: {k} payload differs from {KERNELS[0]}"
+        assert got[k][1] == first[1]
+        assert_same_bits(got[k][2], first[2])
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -162,7 +162,8 @@ NB_MODULE(_jaxhc_cpu, m) {
       "quant_kernels",
       []() {
         nb::list names;
-        for (auto k : {jaxhc::quant::Kernel::kAvx2, jaxhc::quant::Kernel::kPortable})
+        for (auto k : {jaxhc::quant::Kernel::kAvx512, jaxhc::quant::Kernel::kAvx2,
+                       jaxhc::quant::Kernel::kPortable})
           if (jaxhc::quant::kernel_supported(k)) names.append(jaxhc::quant::kernel_name(k));
         return names;
       },

@@ -7,7 +7,12 @@
 #include "core/floats.h"
 
 #if defined(__x86_64__)
+// GCC 12 warns about _mm512_undefined_epi32 inside its own intrinsics (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace jaxhc {
@@ -24,8 +29,22 @@ inline bool avx2_supported() {
 #endif
 }
 
+// AVX-512 F, BW, DQ, VL and VBMI besides (the rotated codecs' avx512 kernel; checked once).
+inline bool avx512_supported() {
+#if defined(__x86_64__)
+  static const bool yes = avx2_supported() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+  return yes;
+#else
+  return false;
+#endif
+}
+
 #if defined(__x86_64__)
 #define JAXHC_QUANT_AVX2 __attribute__((target("avx2,f16c")))
+#define JAXHC_QUANT_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2,f16c")))
 
 // 8 values from p, widened to float32 exactly.
 JAXHC_QUANT_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }

@@ -123,7 +123,7 @@ bool encode_block(Kernel k, const T* x, uint64_t m, int bits, Rounding rnd, uint
   uint32_t a = 0;
   uint64_t i = 0;
 #if defined(__x86_64__)
-  if (k == Kernel::kAvx2) a = amax_avx2(x, m, &i);
+  if (k != Kernel::kPortable) a = amax_avx2(x, m, &i);
 #endif
   for (; i < m; i++) a = std::max(a, abs_bits(E<T>::widen(x[i])));
   const Scale s = scale_of(a, bits);
@@ -134,7 +134,7 @@ bool encode_block(Kernel k, const T* x, uint64_t m, int bits, Rounding rnd, uint
   }
   i = 0;
 #if defined(__x86_64__)
-  if (k == Kernel::kAvx2 && !rnd.stochastic) i = encode_avx2(x, m, s.inv, bits, codes);
+  if (k != Kernel::kPortable && !rnd.stochastic) i = encode_avx2(x, m, s.inv, bits, codes);
 #endif
   const int qm = qmax(bits);
   auto q = [&](uint64_t j) {
@@ -155,7 +155,7 @@ void decode_block(Kernel k, const uint8_t* codes, uint64_t m, int bits, float sc
                   bool add) {
   uint64_t i = 0;
 #if defined(__x86_64__)
-  if (k == Kernel::kAvx2) i = decode_avx2<T>(codes, m, scale, bits, acc, add);
+  if (k != Kernel::kPortable) i = decode_avx2<T>(codes, m, scale, bits, acc, add);
 #endif
   for (; i < m; i++) {
     float v = E<T>::widen(E<T>::narrow(dequantize(code_at(codes, i, bits), scale)));
@@ -206,7 +206,7 @@ void decode_sum_rows_t(Kernel k, const uint8_t* payload, int parts, uint64_t row
       if constexpr (!std::is_same_v<T, float>) {
         uint64_t i = 0;
 #if defined(__x86_64__)
-        if (k == Kernel::kAvx2) i = narrow_avx2(acc, c, out + c0);
+        if (k != Kernel::kPortable) i = narrow_avx2(acc, c, out + c0);
 #endif
         for (; i < c; i++) out[c0 + i] = E<T>::narrow(acc[i]);
       }
@@ -216,22 +216,32 @@ void decode_sum_rows_t(Kernel k, const uint8_t* payload, int parts, uint64_t row
 
 }  // namespace
 
-const char* kernel_name(Kernel k) { return k == Kernel::kAvx2 ? "avx2" : "portable"; }
+const char* kernel_name(Kernel k) {
+  return k == Kernel::kAvx512 ? "avx512" : k == Kernel::kAvx2 ? "avx2" : "portable";
+}
 
-bool kernel_supported(Kernel k) { return k == Kernel::kPortable || avx2_supported(); }
+bool kernel_supported(Kernel k) {
+  return k == Kernel::kPortable || (k == Kernel::kAvx2 ? avx2_supported() : avx512_supported());
+}
 
 Kernel active_kernel() {
   const char* env = std::getenv("JAXHC_QUANT_KERNEL");
   const std::string name = env ? env : "";
   if (name.empty() || name == "auto")
-    return avx2_supported() ? Kernel::kAvx2 : Kernel::kPortable;
+    return avx512_supported() ? Kernel::kAvx512
+                              : avx2_supported() ? Kernel::kAvx2 : Kernel::kPortable;
   if (name == "portable") return Kernel::kPortable;
   if (name == "avx2") {
     if (avx2_supported()) return Kernel::kAvx2;
     throw std::invalid_argument("JAXHC_QUANT_KERNEL=avx2: this CPU has no AVX2 with F16C");
   }
+  if (name == "avx512") {
+    if (avx512_supported()) return Kernel::kAvx512;
+    throw std::invalid_argument(
+        "JAXHC_QUANT_KERNEL=avx512: this CPU has no AVX-512 F/BW/DQ/VL/VBMI with AVX2 and F16C");
+  }
   throw std::invalid_argument("JAXHC_QUANT_KERNEL=" + name +
-                              " is not one of auto, avx2, portable");
+                              " is not one of auto, avx512, avx2, portable");
 }
 
 void encode_rows(Kernel k, const void* x, Elem type, uint64_t rows, uint64_t n, int bits,

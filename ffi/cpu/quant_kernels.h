@@ -12,9 +12,11 @@ namespace quant {
 
 enum class Elem { kF32, kBF16, kF16 };
 
-// AVX2 + F16C vectors, or portable scalar code (the same bytes). JAXHC_QUANT_KERNEL=avx2|portable
-// forces one (the tests run both); unset or "auto" takes AVX2 where the CPU has it.
-enum class Kernel { kPortable, kAvx2 };
+// AVX2 + F16C vectors, or portable scalar code (the same bytes); avx512 is avx2 but for the
+// rotated codecs, which it runs on AVX-512 (F, BW, DQ, VL, VBMI) vectors. JAXHC_QUANT_KERNEL=
+// avx512|avx2|portable forces one (the tests run each this CPU has); unset or "auto" takes the
+// first of these the CPU has.
+enum class Kernel { kPortable, kAvx2, kAvx512 };
 const char* kernel_name(Kernel k);
 bool kernel_supported(Kernel k);
 // Throws std::invalid_argument (one line naming the value) for a name this CPU cannot run.

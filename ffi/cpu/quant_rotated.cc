@@ -1,8 +1,8 @@
 // The CPU kernels of the rotated block quantizers q8:h / q4:h (format and arithmetic in
 // core/quant_rotated.h): one block at a time on a stack copy, by a team of core/quant_rotated.h
-// -- one value at a time (CpuScalar, the portable kernel) or 8 AVX2 lanes (Avx2Team; F16C for
-// float16) -- that adds the team's memory moves (values in, codes out, levels in, values out).
-// Both run core's integer transform and give the same bytes. Blocks are independent, so any
+// -- one value at a time (CpuScalar, the portable kernel), 8 AVX2 lanes (Avx2Team; F16C for
+// float16) or 16 AVX-512 lanes (Avx512Team, cpu/quant_rotated_avx512.h) -- that adds the team's memory moves (values in, codes out, levels in, values out).
+// All run core's integer transform and give the same bytes. Blocks are independent, so any
 // thread count gives the same bytes. Compiled with -ffp-contract=off.
 #include <algorithm>
 #include <cstring>
@@ -42,7 +42,7 @@ struct Tables {
     for (int c = 0; c < 256; c++) level8[c] = c >= 128 ? kLevels8[c - 128] : -kLevels8[127 - c];
   }
 };
-alignas(32) constexpr Tables kTables{};
+alignas(64) constexpr Tables kTables{};
 
 constexpr const int32_t* signed_levels(int bits) {
   return bits == 8 ? kTables.level8 : kTables.level4;
@@ -232,6 +232,16 @@ struct Avx2Team {
 #pragma GCC pop_options
 #endif
 
+}  // namespace
+}  // namespace quant
+}  // namespace jaxhc
+
+#include "cpu/quant_rotated_avx512.h"  // Avx512Team, on the tables above
+
+namespace jaxhc {
+namespace quant {
+namespace {
+
 // --- one block, any team -------------------------------------------------------------------------
 
 // Encodes the block x[0..m) (m <= B) into *scale and B * bits / 8 code bytes; false: not ok.
@@ -301,6 +311,7 @@ JAXHC_ROT_INLINE void hadamard_block(const int32_t* x, int32_t* y) {
 JAXHC_ROT_BLOCKS(ScalarBlocks, CpuScalar, )
 #if defined(__x86_64__)
 JAXHC_ROT_BLOCKS(Avx2Blocks, Avx2Team, __attribute__((target("avx2,f16c"))))
+JAXHC_ROT_BLOCKS(Avx512Blocks, Avx512Team, JAXHC_QUANT_AVX512)
 #endif
 
 template <typename Fn>
@@ -313,6 +324,7 @@ void with_bits(int bits, Fn&& fn) {
 template <typename Fn>
 void with_kernel(Kernel k, Fn&& fn) {
 #if defined(__x86_64__)
+  if (k == Kernel::kAvx512) return fn(Avx512Blocks{});
   if (k == Kernel::kAvx2) return fn(Avx2Blocks{});
 #endif
   (void)k;
@@ -362,7 +374,7 @@ void decode_sum_rows_t(const uint8_t* payload, int parts, uint64_t rows, const R
     } else {
       uint64_t i = 0;
 #if defined(__x86_64__)
-      if constexpr (std::is_same_v<K, Avx2Blocks>) i = narrow_avx2(acc, m, out);
+      if constexpr (!std::is_same_v<K, ScalarBlocks>) i = narrow_avx2(acc, m, out);
 #endif
       for (; i < m; i++) out[i] = E<T>::narrow(acc[i]);
     }
