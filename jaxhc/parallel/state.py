@@ -305,18 +305,19 @@ def from_single(params, mesh: Mesh) -> dict:
 
 
 def _first_stage_copy(x):
-    """A parameter every stage holds, from its canonical copy (`partition.owns_block`: the first
-    pipeline stage's; another stage's may be stale, see `jaxhc.parallel.layout`): a host array
-    as it is."""
+    """A parameter every stage holds, from a device of the first pipeline stage (its canonical
+    copy; another stage's may be stale, see `jaxhc.parallel.layout`; the data and tensor ranks'
+    copies are identical): a host array as it is. Any process holding a first-stage device
+    answers, as multi-process runs need."""
     if not isinstance(x, jax.Array) or not isinstance(x.sharding, NamedSharding):
         return jax.device_get(x)
     mesh = x.sharding.mesh
+    pipe = list(mesh.axis_names).index("pipe")
     for shard in x.addressable_shards:
         where = np.argwhere(mesh.devices == shard.device)[0]
-        coords = dict(zip(mesh.axis_names, where, strict=True))
-        if partition.owns_block(x.sharding.spec, x.ndim, coords, dict(mesh.shape)):
+        if where[pipe] == 0:
             return np.asarray(shard.data)
-    raise ValueError("params_to_single: no device of this process holds the canonical copy")
+    raise ValueError("params_to_single: no device of the first pipeline stage is in this process")
 
 
 def params_to_single(state_or_params, model_cfg=None, mesh_cfg=None, policy=None) -> dict:
