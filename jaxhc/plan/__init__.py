@@ -3,7 +3,8 @@
 `memory` and `traffic` count, exactly, what jaxhc's compiled train step holds and moves under a
 ``mesh.shard`` plan (checked against XLA and the ledger); `shapes` gives the planner a model's
 shapes (GPT-2, LLaMA); `cluster` reads cluster files (`jaxhc profile` writes one); `layout` is a
-plan; `cost` predicts its memory per device and its collectives, `comm` their time, `steptime`
+plan; `steps` is the rule of a step's data-axis collectives that `traffic` and `cost` share;
+`cost` predicts its memory per device and its collectives, `comm` their time, `steptime`
 the step's compute and the communication it hides; `search` ranks the plans (``jaxhc plan``);
 `planfile` writes the best as a `Plan` that `apply` gives a run's config (``jaxhc train --plan``).
 

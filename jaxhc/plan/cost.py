@@ -51,8 +51,9 @@ precision moved: 4 psi float32, 2 psi mixed), level by level over the nested dat
                             gradients both keep (GPT-2: the tied embedding and the final norm,
                             the positions too under a lossy data grad codec), each sending
                             their bytes once: 2/p of them per device on average
-In float32 these are exactly `jaxhc.plan.traffic.data_collectives` (tested), whose bytes equal
-the ledger's. A cluster's ``schedule`` (`jaxhc.plan.cluster`) may run them as AMSP does instead:
+The data axis's come from `jaxhc.plan.steps.data_steps`, the rule by which
+`jaxhc.plan.traffic.data_collectives` counts the ledger's bytes too (in float32 the same
+bytes, tested). A cluster's ``schedule`` (`jaxhc.plan.cluster`) may run them as AMSP does instead:
 ``gradients: all_reduce``: a replicated gradient (s_g = 1) all-reduced whole over the data axis
 (one psum of data ranks), a sharded one reduce-scattered over the levels inside s_os and then
 all-reduced over the chunk's data / s_os replicas (one psum, its ranks s_os apart), no gathers
@@ -82,6 +83,7 @@ from jaxhc.plan.layout import (
     tokens_per_microbatch,
 )
 from jaxhc.plan.shapes import ModelShape
+from jaxhc.plan.steps import data_steps
 from jaxhc.transport import MpiTransport
 
 __all__ = [
@@ -228,79 +230,43 @@ def collectives(
     _, padded = device_params(shape, lay)
     tp = lay.tensor * lay.pipe
     m = lay.microbatches
-    factors, levels = lay.factors, lay.levels
+    factors, per_node = lay.factors, cluster.devices_per_node
+    segments = device_segments(shape, lay) if lay.per_layer else None
+    steps = data_steps(
+        lay.factors,
+        lay.sizes,
+        padded,
+        segments,
+        microbatches=m,
+        layerwise=lay.precision != "float32",
+        all_reduce=cluster.gradients == "all_reduce",
+        broadcast=cluster.exchange == "broadcast",
+    )
     out: list[Comm] = []
-
-    def add(i, kind, op, message, itemsize, count, role):
-        k = factors[i]
-        if k == 1:
-            return
-        span = levels[i] * tp
-        inter = crosses_nodes(lay, i, cluster)
-        codec = codec_of(lay.axis(i), kind, itemsize, message * itemsize, inter)
-        codec = None if op == "broadcast" else codec  # jaxhc has no compressed broadcast
-        members = _members(k, (levels[i - 1] if i else 1) * tp, cluster.devices_per_node)
-        fused = _fused(lay, codec, op, feedback and kind == "grad")
-        axis = lay.axis(i)
+    for s in steps:  # the data levels' collectives (`jaxhc.plan.steps`): codecs and links
+        itemsize = ep if s.kind == "param" else eg
+        axis = lay.axis(s.level)
+        span = s.group * tp
+        codec = codec_of(axis, s.kind, itemsize, s.message * itemsize, span > per_node)
+        codec = None if s.op == "broadcast" else codec  # jaxhc has no compressed broadcast
+        members = _members(s.ranks, s.inner * tp, per_node)
+        fused = _fused(lay, codec, s.op, feedback and s.kind == "grad")
         out.append(
-            Comm(axis, kind, op, k, span, message, itemsize, count, codec, members, fused, role)
+            Comm(
+                axis,
+                s.kind,
+                s.op,
+                s.ranks,
+                span,
+                s.message,
+                itemsize,
+                s.count,
+                codec,
+                members,
+                fused,
+                s.role,
+            )
         )
-
-    inside = lambda s: [i for i, g in enumerate(levels) if g <= s]  # noqa: E731
-    # parameter gathers (s_p > 1), outermost level first: jaxhc's step (float32) the whole vector
-    # once (forward) or per layer (the shared segment once, each layer's forward and backward,
-    # every micro-batch); layer by layer, forward and backward, every micro-batch in mixed
-    layerwise = lay.precision != "float32"
-    if lay.per_layer:
-        shared, one, layers = device_segments(shape, lay)
-        gathers, scatters = [(shared, 1), (one, 2 * m * layers)], [(shared, 1), (one, layers)]
-    else:
-        gathers, scatters = [(padded, 2 * m if layerwise else 1)], []
-    for whole, count in gathers if lay.params > 1 else ():
-        n = whole // lay.params
-        for i in reversed(inside(lay.params)):
-            add(i, "param", "all_gather", n, ep, count, "gather")
-            n *= factors[i]
-    # gradient reduce-scatter, innermost first, to 1/data (once a step; in mixed precision per
-    # micro-batch inside a sharded gradient's group (s_g > 1), which keeps only its chunk of the
-    # sum; per layer inside s_p for jaxhc's per-layer gathers, after the micro-batches' sum)
-    per_micro = layerwise and lay.grads > 1  # a sharded gradient keeps no whole sum
-    for whole, count in scatters:
-        n = whole
-        for i in inside(lay.params):
-            add(i, "grad", "psum_scatter", n, eg, count, "reduce")
-            n //= factors[i]
-    n = padded
-    # AMSP's schedule: a sharded gradient reduce-scattered down to the OS chunk, a replicated
-    # one (s_g = 1) not at all; then one all-reduce over the chunk's replicas
-    amsp = cluster.gradients == "all_reduce"
-    reduced = (lay.optim if lay.grads > 1 else 1) if amsp else lay.data
-    for i in inside(reduced):
-        count = m if per_micro and levels[i] <= lay.grads else 1
-        if not (scatters and levels[i] <= lay.params):
-            add(i, "grad", "psum_scatter", n, eg, count, "reduce")
-        n //= factors[i]
-    if amsp and reduced < lay.data:  # the replicas: one group of data / reduced ranks
-        k, span, axis = lay.data // reduced, lay.data * tp, lay.axis(len(levels) - 1)
-        codec = codec_of(axis, "grad", eg, n * eg, span > cluster.devices_per_node)
-        members = _members(k, reduced * tp, cluster.devices_per_node)
-        fused = _fused(lay, codec, "psum", feedback)
-        out.append(Comm(axis, "grad", "psum", k, span, n, eg, 1, codec, members, fused, "reduce"))
-    for i in reversed(range(len(levels))) if not amsp else ():  # back outside the gradient group
-        if levels[i] > lay.grads:
-            add(i, "grad", "all_gather", n, eg, 1, "reduce")
-            n *= factors[i]
-    # parameter exchange after the update: the OS chunk over the levels inside s_os, outside
-    # s_p, all-gathered, or broadcast by each member of a level (k uncompressed broadcasts)
-    n = padded // lay.optim
-    broadcast = cluster.exchange == "broadcast"
-    for i in reversed(inside(lay.optim)):
-        if levels[i] > lay.params:
-            if broadcast:  # one broadcast of its chunk by each member
-                add(i, "param", "broadcast", n, ep, factors[i], "exchange")
-            else:
-                add(i, "param", "all_gather", n, ep, 1, "exchange")
-            n *= factors[i]
     b, tok = tokens_per_microbatch(lay, batch, seq)
     act = tok * shape.width
     if lay.tensor > 1:

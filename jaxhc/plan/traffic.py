@@ -18,8 +18,9 @@ These are the bytes a ring collective moves per device, which the ledger records
 `Collective.wire` gives the bytes jaxhc's compressed algorithms move (the ledger's
 ``wire_bytes``, also checked).
 
-`jaxhc.plan.cost.collectives` generalises these (mixed precision, tensor and pipe traffic) and
-times them; in float32 it gives these bytes (tests/test_plan_cost.py).
+Which level moves what, how often, is `jaxhc.plan.steps.data_steps`'s rule, which
+`jaxhc.plan.cost.collectives` prices too (with mixed precision, AMSP's schedules, tensor and
+pipe traffic); in float32 it gives these bytes (tests/test_plan_cost.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 from jaxhc.collectives import resolve_codec, volume
 from jaxhc.model.config import MeshConfig
 from jaxhc.parallel.amsp import ShardPlan
+from jaxhc.plan.steps import data_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,53 +80,20 @@ def data_collectives(mesh: MeshConfig, flat_bytes: int, segments=None) -> list[C
     [('psum_scatter', 3072.0), ('all_gather', 3072)]
     """
     shard = ShardPlan.of(mesh)
-    inner = dict.fromkeys(shard.axes, 1)
-    n = 1
-    for axis, size in reversed(list(zip(shard.axes, shard.sizes, strict=True))):
-        n *= size
-        inner[axis] = n
-    size_of = dict(zip(shard.axes, shard.sizes, strict=True))
-    levels = list(zip(shard.axes, shard.sizes, strict=True))
-    param_axes = shard.param_axes  # () when s_p = 1
-    out = []
-
-    def add(axis, kind, op, k, bytes_, n, count=1):
-        out.append(Collective(axis, kind, op, k, inner[axis], bytes_, n // 4, count))
-
-    # the messages over the parameter group, (bytes, calls per step): gathered, and their
-    # reverse mode's reduce-scatters
-    if shard.per_layer:
-        shared, layer, layers = segments
-        gathers = [(shared, 1), (layer, 2 * mesh.microbatches * layers)]
-        scatters = [(shared, 1), (layer, layers)]
-    else:
-        gathers = scatters = [(flat_bytes, 1)]
-    for whole, count in gathers:
-        p = whole // shard.params
-        for axis in param_axes:
-            if (k := size_of[axis]) > 1:
-                add(axis, "param", "all_gather", k, volume.raw("all_gather", k, p), p, count)
-                p *= k
-    for whole, count in scatters:
-        n = whole
-        for axis, k in reversed(levels):
-            if axis in param_axes:
-                if k > 1:
-                    add(axis, "grad", "psum_scatter", k, volume.raw("psum_scatter", k, n), n, count)
-                n //= k
-    n = flat_bytes // shard.params  # the levels outside the parameter group, the whole vector
-    for axis, k in reversed(levels):
-        if axis not in param_axes:
-            if k > 1:
-                add(axis, "grad", "psum_scatter", k, volume.raw("psum_scatter", k, n), n)
-            n //= k
-    for axis, k in levels:
-        if k > 1 and axis not in shard.grad_axes:
-            add(axis, "grad", "all_gather", k, volume.raw("all_gather", k, n), n)
-            n *= k
-    m = flat_bytes // shard.optim
-    for axis in shard.optim_axes:  # up to the parameter chunk: not over the parameter group
-        if (k := size_of[axis]) > 1 and axis not in param_axes:
-            add(axis, "param", "all_gather", k, volume.raw("all_gather", k, m), m)
-            m *= k
-    return out
+    factors = tuple(reversed(shard.sizes))  # innermost first
+    sizes = (shard.params, shard.grads, shard.optim)
+    segments = segments if shard.per_layer else None
+    steps = data_steps(factors, sizes, flat_bytes, segments, microbatches=mesh.microbatches)
+    return [
+        Collective(
+            shard.axes[-1 - s.level],
+            s.kind,
+            s.op,
+            s.ranks,
+            s.group,
+            volume.raw(s.op, s.ranks, s.message),
+            s.message // 4,
+            s.count,
+        )
+        for s in steps
+    ]
