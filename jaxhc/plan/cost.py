@@ -94,6 +94,7 @@ __all__ = [
     "crosses_nodes",
     "memory",
     "spec_axes",
+    "spec_policy",
 ]
 
 
@@ -172,6 +173,16 @@ def spec_axes(lay: Layout, cluster: Cluster) -> dict[str, str]:
     }
 
 
+def spec_policy(spec: str, lay: Layout, cluster: Cluster) -> dict | None:
+    """The policy mapping a plan of `lay` runs under codec `spec` (as a plan file writes it):
+    `spec` on the levels `spec_axes` names, nothing elsewhere; None for no codec."""
+    codec = parse(spec)
+    if codec is None or codec.spec == "none":
+        return None
+    axes = dict.fromkeys(spec_axes(lay, cluster), spec)
+    return {"name": "plan", "min_bytes": 0, "axes": axes}
+
+
 def codec_by_spec(spec: str):
     """The planner's choice: `spec` on the data levels that cross nodes (`spec_axes`, as
     `collectives` asks it with `crosses_nodes`), nothing elsewhere."""
@@ -182,13 +193,11 @@ def codec_by_spec(spec: str):
     def of(axis, kind, itemsize, nbytes, inter):
         return codec if inter and kind in ("grad", "param") else None
 
-    def policy(lay: Layout, cluster: Cluster):  # the policy a plan of `lay` runs (`Plan`)
+    def policy(lay: Layout, cluster: Cluster):  # the policy a plan of `lay` runs
         from jaxhc.policy import Policy
 
-        if codec is None:
-            return None
-        axes = dict.fromkeys(spec_axes(lay, cluster), spec)
-        return Policy.from_dict({"name": "plan", "min_bytes": 0, "axes": axes})
+        data = spec_policy(spec, lay, cluster)
+        return None if data is None else Policy.from_dict(data)
 
     of.policy = policy
     return of

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxhc._checks import read_yaml
-from jaxhc.plan.cost import codec_by_policy, spec_axes
+from jaxhc.plan.cost import codec_by_policy, spec_policy
 from jaxhc.plan.search import Candidate, search
 from jaxhc.schema import structure
 
@@ -54,14 +54,12 @@ class Plan:
     def from_candidate(cls, cand: Candidate, compression=None, model=None, cluster=None) -> Plan:
         """The plan of planner row `cand`: its mesh, and `compression` when given (the policy its
         traffic was priced under), else its codec on the data levels that cross `cluster`'s
-        nodes (`jaxhc.plan.cost.spec_axes`); ``plan`` names `model` and `cluster`."""
+        nodes (`jaxhc.plan.cost.spec_policy`); ``plan`` names `model` and `cluster`."""
         lay = cand.layout
         if compression is not None:
             policy = compression
-        elif lay.codec == "none":
-            policy = "none"
-        else:
-            policy = {"name": "plan", "min_bytes": 0, "axes": spec_axes(lay, cluster)}
+        else:  # the policy the planner priced it under (`codec_by_spec(...).policy`)
+            policy = spec_policy(lay.codec, lay, cluster) or "none"
         info = {
             "model": model,
             "cluster": cluster.name if cluster is not None else None,
