@@ -26,6 +26,8 @@ from jaxhc.plan.presets import load_shape as load_shape
 from jaxhc.plan.search import Candidate as Candidate
 from jaxhc.plan.search import search as search
 from jaxhc.plan.search import table as table
+from jaxhc.plan.steps import DataStep as DataStep
+from jaxhc.plan.steps import data_steps as data_steps
 from jaxhc.plan.traffic import Collective as Collective
 from jaxhc.plan.traffic import data_collectives as data_collectives
 
@@ -34,6 +36,7 @@ __all__ = [
     "Candidate",
     "Cluster",
     "Collective",
+    "DataStep",
     "Layout",
     "Plan",
     "StateBytes",
@@ -41,6 +44,7 @@ __all__ = [
     "apply",
     "collectives",
     "data_collectives",
+    "data_steps",
     "load_model",
     "load_shape",
     "search",

@@ -19,7 +19,7 @@ __all__ = ["DataStep", "data_steps"]
 class DataStep:
     """One data-axis collective of a step on one device, by level (0 innermost).
 
-    >>> data_steps((4,), (1, 4, 4), 4096)[0]  # doctest: +NORMALIZE_WHITESPACE
+    >>> jaxhc.plan.data_steps((4,), (1, 4, 4), 4096)[0]  # doctest: +NORMALIZE_WHITESPACE
     DataStep(level=0, kind='grad', op='psum_scatter', ranks=4, group=4, inner=1, message=4096,
              count=1, role='reduce')
     """
@@ -53,6 +53,12 @@ def data_steps(
     backward every micro-batch, a sharded gradient reduce-scattered every micro-batch inside its
     group); `all_reduce` AMSP's gradient schedule (``schedule.gradients``), `broadcast` its
     parameter exchange (``schedule.exchange``). Levels of one rank move nothing and are left out.
+
+    >>> [(s.level, s.op, s.message, s.role) for s in jaxhc.plan.data_steps((2, 4), (2, 2, 8), 4096)]
+    ... # s_p = s_g = 2 on the inner level, the optimizer state over all 8
+    [(0, 'all_gather', 2048, 'gather'), (0, 'psum_scatter', 4096, 'reduce'),
+     (1, 'psum_scatter', 2048, 'reduce'), (1, 'all_gather', 512, 'reduce'),
+     (1, 'all_gather', 512, 'exchange')]
     """
     s_p, s_g, s_os = sizes
     levels, n = [], 1
