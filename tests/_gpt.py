@@ -166,3 +166,13 @@ def assert_trees_equal(a, b) -> None:
     assert tree_a == tree_b
     for x, y in zip(leaves_a, leaves_b, strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def step_losses(runner, state, batches, steps):
+    """`runner`'s train step over `batches.train(i)` for i in `steps`: (state, each loss's float32
+    bits)."""
+    out = []
+    for i in steps:
+        state, m = runner.step(state, batches.train(i))
+        out.append(np.float32(m["loss"]).view(np.uint32))
+    return state, out

@@ -100,3 +100,13 @@ def same_training(name: str, label: str, on, off, ref) -> list[str]:
             bad.append(f"{name}: a state block differs with {label}")
             break
     return bad
+
+
+def policy_file(tmp_path_factory, name: str, text: str) -> str:
+    """`text` written once (rank 0) to a file every rank gets the path of."""
+    path = tmp_path_factory.mktemp("policy") / name
+    if RANK == 0:
+        path.write_text(text)
+    path = WORLD.bcast(str(path) if RANK == 0 else None, root=0)
+    WORLD.Barrier()
+    return path

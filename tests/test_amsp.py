@@ -16,7 +16,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from _gpt import CFG, OPTIM, SEED, assert_trees_equal, batch
+from _gpt import CFG, OPTIM, SEED, assert_trees_equal, batch, step_losses
 
 import jaxhc
 from jaxhc.data import Batches, corpus_bytes
@@ -324,14 +324,6 @@ def _runner(shard: dict, compression="none") -> XlaRunner:
     return XlaRunner(cfg, jax.devices()[:8])
 
 
-def _losses(runner, state, batches, steps):
-    out = []
-    for i in steps:
-        state, m = runner.step(state, batches.train(i))
-        out.append(np.float32(m["loss"]).view(np.uint32))
-    return state, out
-
-
 @pytest.mark.slow  # ~30 s quiet; the quick suite resumes s_p = 1 <-> 8 in a lighter test
 def test_a_checkpoint_resumes_under_another_plan_bit_for_bit(tmp_path):
     """Two steps under (1, 1, 4), saved; resumed under (1, 2, 2) on the same groups and under
@@ -412,13 +404,13 @@ def test_a_checkpoint_resumes_between_replicated_and_sharded_parameters_bit_for_
     runs = {"zero": _runner({}), "zero3": _runner({"params": 8})}
     for first, second in (("zero", "zero3"), ("zero3", "zero")):
         a, b = runs[first], runs[second]
-        state, _ = _losses(a, a.init_state(), batches, (0, 1))
+        state, _ = step_losses(a, a.init_state(), batches, (0, 1))
         ckpt = Checkpoints(str(tmp_path / first))
         assert a.save(ckpt, 2, state)
-        state, want = _losses(a, state, batches, (2, 3))
+        state, want = step_losses(a, state, batches, (2, 3))
         want_params = a.plan.single_params(state.params)
         restored = b.restore(ckpt, b.init_state())
-        restored, got = _losses(b, restored, batches, (2, 3))
+        restored, got = step_losses(b, restored, batches, (2, 3))
         assert got == want, (first, second)
         assert_trees_equal(b.plan.single_params(restored.params), want_params)
 
@@ -449,7 +441,7 @@ def test_nested_error_feedback_keeps_a_residual_per_level_and_is_plan_free(tmp_p
         {"params": 8, "groups": [2, 4]},
     ):
         r = _runner(shard, str(policy))
-        state, losses = _losses(r, r.init_state(), batches, range(3))
+        state, losses = step_losses(r, r.init_state(), batches, range(3))
         got[str(shard)] = losses
         residual = np.array(state.opt_state["residual"]).reshape(8, -1)
         padded = r.plan.layout.padded
@@ -458,7 +450,7 @@ def test_nested_error_feedback_keeps_a_residual_per_level_and_is_plan_free(tmp_p
         assert all(np.abs(p).max() > 0 for p in parts)
     assert len({tuple(v) for v in got.values()}) == 1, got
     plain = _runner({"groups": [2, 4]})
-    _, exact = _losses(plain, plain.init_state(), batches, range(3))
+    _, exact = step_losses(plain, plain.init_state(), batches, range(3))
     np.testing.assert_allclose(
         np.array(got[str({"groups": [2, 4]})]).view(np.float32),
         np.array(exact).view(np.float32),
@@ -476,14 +468,14 @@ def test_nested_error_feedback_resumes_bit_for_bit(tmp_path):
     batches = Batches(corpus_bytes(), 16, CFG.block_size, 0)
     plans = ({"params": 2, "groups": [2, 4]}, {"params": 8, "groups": [2, 4]}, {"groups": [2, 4]})
     a = _runner(plans[0], str(policy))
-    state, _ = _losses(a, a.init_state(), batches, (0, 1))
+    state, _ = step_losses(a, a.init_state(), batches, (0, 1))
     ckpt = Checkpoints(str(tmp_path / "ckpt"))
     assert a.save(ckpt, 2, state)
     saved = np.array(state.opt_state["residual"])
-    state, want = _losses(a, state, batches, (2, 3))
+    state, want = step_losses(a, state, batches, (2, 3))
     for shard in plans:
         b = _runner(shard, str(policy))
         restored = b.restore(ckpt, b.init_state())
         np.testing.assert_array_equal(np.array(restored.opt_state["residual"]), saved)
-        _, got = _losses(b, restored, batches, (2, 3))
+        _, got = step_losses(b, restored, batches, (2, 3))
         assert got == want, shard

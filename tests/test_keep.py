@@ -15,7 +15,7 @@ import functools
 import jax
 import numpy as np
 import pytest
-from _gpt import CFG, OPTIM, SEED, assert_trees_equal, batch
+from _gpt import CFG, OPTIM, SEED, assert_trees_equal, batch, step_losses
 
 import jaxhc
 from jaxhc.data import Batches, corpus_bytes
@@ -103,27 +103,19 @@ def _runner(shard: dict, policy) -> XlaRunner:
     return XlaRunner(cfg, jax.devices()[:2])
 
 
-def _steps(runner, state, batches, which):
-    losses = []
-    for i in which:
-        state, m = runner.step(state, batches.train(i))
-        losses.append(np.float32(m["loss"]).view(np.uint32))
-    return state, losses
-
-
 @pytest.mark.parametrize("policy", ["none", "zfp8"])
 def test_a_checkpoint_of_keep_resumes_bit_for_bit(tmp_path, policy):
     """Saved after two steps, restored into a fresh state: the next two losses and the final
     optimizer state are the uninterrupted run's."""
     batches = Batches(corpus_bytes(), 8, CFG.block_size, 0)
     runner = _runner({"params": 2, "gather": "keep"}, POLICIES[policy])
-    state, _ = _steps(runner, runner.init_state(), batches, (0, 1))
+    state, _ = step_losses(runner, runner.init_state(), batches, (0, 1))
     ckpt = Checkpoints(str(tmp_path / policy))
     assert runner.save(ckpt, 2, state)
-    state, want = _steps(runner, state, batches, (2, 3))
+    state, want = step_losses(runner, state, batches, (2, 3))
     want_opt = jax.device_get(state.opt_state)
     restored = runner.restore(ckpt, runner.init_state())
-    restored, got = _steps(runner, restored, batches, (2, 3))
+    restored, got = step_losses(runner, restored, batches, (2, 3))
     assert got == want
     assert_trees_equal(jax.device_get(restored.opt_state), want_opt)
 

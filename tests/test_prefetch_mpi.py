@@ -132,12 +132,7 @@ PLANS = {
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    path = tmp_path_factory.mktemp("policy") / "every-message.yaml"
-    if RANK == 0:
-        path.write_text(POLICY)
-    path = WORLD.bcast(str(path) if RANK == 0 else None, root=0)
-    WORLD.Barrier()
-    return path
+    return s.policy_file(tmp_path_factory, "every-message.yaml", POLICY)
 
 
 def _config(plan: list[str], policy: str, overlap: bool):
