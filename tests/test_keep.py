@@ -29,7 +29,11 @@ from jaxhc.train.loop import XlaRunner
 
 STEPS = 3
 ZFP = jaxhc.Policy.from_dict({"name": "zfp8-data", "axes": {"data": "zfp:8"}, "min_bytes": 0})
-POLICIES = {"none": "none", "zfp8": ZFP}
+# Blocks of 1024 values: more than a piece's default alignment (the layout widens it).
+Q4_1024 = jaxhc.Policy.from_dict(
+    {"name": "q4-1024-data", "axes": {"data": "q4:b1024:h"}, "min_bytes": 0}
+)
+POLICIES = {"none": "none", "zfp8": ZFP, "q4_1024": Q4_1024}
 
 
 @functools.cache
@@ -60,7 +64,7 @@ def _keep(data):
 
 @pytest.mark.parametrize(
     "policy, data, micro",
-    [("none", 4, 1), ("zfp8", 4, 1)]
+    [("none", 4, 1), ("zfp8", 4, 1), pytest.param("q4_1024", 4, 1, marks=pytest.mark.slow)]
     + [pytest.param(p, 2, 2, marks=pytest.mark.slow) for p in ("none", "zfp8")],  # CI time
 )
 def test_keep_is_zero_1_bit_for_bit(policy, data, micro):
@@ -69,6 +73,22 @@ def test_keep_is_zero_1_bit_for_bit(policy, data, micro):
     assert_trees_equal(keep[2], zero1[2])  # moments and master copy
     if policy == "none":  # (under zfp ZeRO-1 holds the decoded copy, keep the master chunk)
         assert_trees_equal(keep[1], zero1[1])
+
+
+def test_pieces_are_whole_blocks_of_the_data_codecs_and_stochastic_rounding_is_refused():
+    """A layer's piece codes as in the whole vector (the bits of ZeRO-1 above) when the pieces
+    are whole blocks of every lossy data codec, 1024 values included; a codec that codes by a
+    value's index in the whole message cannot be cut per layer, and keep refuses it in one line."""
+    for policy, block in (("none", 256), ("zfp8", 256), ("q4_1024", 1024)):
+        for shard in ((), _keep(4)):
+            mesh_cfg = MeshConfig(4, 1, 1, 1, shard=dict(shard))
+            layout = Plan(CFG, mesh_cfg, OPTIM, POLICIES[policy]).layout
+            assert layout.align == block and layout.layer_width % block == 0, (policy, shard)
+            assert layout.shared_width % block == 0, (policy, shard)
+    sr = jaxhc.Policy.from_dict({"name": "sr", "axes": {"data": "q8:sr"}, "min_bytes": 0})
+    assert Plan(CFG, MeshConfig(4, 1, 1, 1), OPTIM, sr).layout.align == 256  # ZeRO-1 takes it
+    with pytest.raises(ValueError, match=r"^policy sr: codec q8:sr on data codes a value by its"):
+        Plan(CFG, MeshConfig(4, 1, 1, 1, shard=dict(_keep(4))), OPTIM, sr)
 
 
 def test_keep_gathers_each_layer_once_per_micro_batch():

@@ -140,9 +140,14 @@ class FlatLayout:
     block, and the pieces are whole blocks (`align` values): the replicated parameters' blocks
     hold the same values on every tensor rank and decode to the same bits. Without it (or with
     blocks that divide `ROW`, as ZFP's) the layout is the plain one.
+
+    `piece_block` (where parameters are gathered layer by layer; `jaxhc.parallel.state.piece_block`):
+    the pieces are whole blocks of it too, so a layer's piece codes as in the whole vector.
     """
 
-    def __init__(self, global_shapes, mesh_cfg: MeshConfig, tensor_block: int = 0):
+    def __init__(
+        self, global_shapes, mesh_cfg: MeshConfig, tensor_block: int = 0, piece_block: int = 0
+    ):
         specs = param_specs(global_shapes)
         leaves, self.treedef = jax.tree.flatten(global_shapes)
         spec_leaves = self.treedef.flatten_up_to(specs)
@@ -168,7 +173,9 @@ class FlatLayout:
         self.layer_sizes = [self.sizes[i] // self.layers for i in self.block_leaves]
         apart = mesh_cfg.tensor > 1 and tensor_block > 1  # split and replicated blocks apart
         cut = math.lcm(ROW, tensor_block) if apart else ROW
-        self.align = math.lcm(ALIGN, tensor_block) if apart else ALIGN  # values a piece divides by
+        # The values a piece divides by: whole blocks of the codecs (ALIGN), with `tensor_block`
+        # where split and replicated parameters are kept apart, and `piece_block`.
+        self.align = math.lcm(ALIGN, tensor_block if apart else 1, max(piece_block, 1))
         split = ["tensor" in self.split_over[i] for i in self.block_leaves]
         self.shared_starts = self._starts(self.shared_sizes)  # all replicated over "tensor"
         self.layer_starts = self._starts(self.layer_sizes, split, cut)

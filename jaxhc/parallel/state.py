@@ -53,7 +53,7 @@ class Plan:
         self.model, self.mesh_cfg, self.optim = model_cfg, mesh_cfg, optim_cfg
         self.param_shapes = jax.eval_shape(functools.partial(gpt.init_params, model_cfg), 0)
         self.param_specs = param_specs(self.param_shapes)
-        self.layout = FlatLayout(self.param_shapes, mesh_cfg, tensor_block(policy, mesh_cfg))
+        self.layout = flat_layout(self.param_shapes, mesh_cfg, policy)
         self.shard = ShardPlan.of(mesh_cfg)
         self.error_feedback = error_feedback(policy, mesh_cfg)
         self.param_delta = param_delta(policy, mesh_cfg, self.shard)
@@ -190,6 +190,38 @@ def error_feedback(policy, mesh_cfg: MeshConfig) -> bool:
                 "trainer (only axes.data.error_feedback)"
             )
     return mesh_cfg.data > 1 and policy.error_feedback("data")
+
+
+def flat_layout(param_shapes, mesh_cfg: MeshConfig, policy=None) -> FlatLayout:
+    """The flat ZeRO layout of `param_shapes` on `mesh_cfg` under `policy`, whose data codecs'
+    blocks shape it (`tensor_block`, `piece_block`)."""
+    return FlatLayout(
+        param_shapes,
+        mesh_cfg,
+        tensor_block(policy, mesh_cfg),
+        piece_block(policy, mesh_cfg, ShardPlan.of(mesh_cfg)),
+    )
+
+
+def piece_block(policy, mesh_cfg: MeshConfig, shard: ShardPlan) -> int:
+    """The largest block of the lossy codecs the policy may send over the data axis (0 where
+    "data" has one rank): each piece of the flat layout is whole blocks of it (`FlatLayout`), so
+    a layer's gather or reduce-scatter (``mesh.shard.gather`` layer or keep, ``train.overlap``)
+    codes its values as the whole vector's does. A codec that codes a value by its index in the
+    whole message (stochastic rounding) cannot be cut so: layer-by-layer gathers refuse it."""
+    policy = context.as_policy(policy)
+    if policy is None or mesh_cfg.data == 1:
+        return 0
+    lossy = [c for c in policy.data_codecs() if not c.lossless]
+    if shard.per_layer:
+        for c in lossy:
+            if not c.segment_values:
+                raise ValueError(
+                    f"policy {policy.name}: codec {c.spec} on data codes a value by its index in "
+                    f"the whole message, which mesh.shard.gather={shard.gather} cuts per layer "
+                    "(choose one without stochastic rounding)"
+                )
+    return max((c.segment_values for c in lossy), default=0)
 
 
 def tensor_block(policy, mesh_cfg: MeshConfig) -> int:

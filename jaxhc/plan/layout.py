@@ -102,8 +102,7 @@ class Layout:
 @functools.lru_cache(maxsize=256)
 def _flat_layout(gpt, data: int, tensor: int, pipe: int, codec: str):
     from jaxhc.model.config import MeshConfig
-    from jaxhc.parallel.layout import FlatLayout
-    from jaxhc.parallel.state import tensor_block
+    from jaxhc.parallel.state import flat_layout
     from jaxhc.policy import Policy
 
     mesh = MeshConfig(data=data, tensor=tensor, pipe=pipe)
@@ -111,7 +110,7 @@ def _flat_layout(gpt, data: int, tensor: int, pipe: int, codec: str):
         policy = Policy.load(codec.removeprefix("policy "))
     else:  # a codec on the data levels that cross nodes
         policy = Policy.from_dict({"axes": {"data": codec}})
-    return FlatLayout(_param_shapes(gpt), mesh, tensor_block(policy, mesh))
+    return flat_layout(_param_shapes(gpt), mesh, policy)
 
 
 @functools.lru_cache(maxsize=16)
