@@ -141,8 +141,9 @@ class FlatLayout:
     hold the same values on every tensor rank and decode to the same bits. Without it (or with
     blocks that divide `ROW`, as ZFP's) the layout is the plain one.
 
-    `piece_block` (where parameters are gathered layer by layer; `jaxhc.parallel.state.piece_block`):
-    the pieces are whole blocks of it too, so a layer's piece codes as in the whole vector.
+    `piece_block` (`jaxhc.parallel.state.piece_block`: the largest block of the lossy data
+    codecs): the pieces are whole blocks of it too, so a layer's piece, gathered or reduced on
+    its own, codes as in the whole vector.
     """
 
     def __init__(
