@@ -32,6 +32,13 @@ from jaxhc import partition
 from jaxhc.model.config import MeshConfig
 
 
+def gathers_per_layer(params: int, gather: str) -> bool:
+    """Whether the float32 step gathers sharded parameters (s_p = `params` > 1) layer by layer
+    under ``mesh.shard.gather`` `gather`: forward and backward (``layer``), or forward and kept
+    (``keep``); ``whole`` gathers the whole chunk once."""
+    return params > 1 and gather in ("layer", "keep")
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardPlan:
     """The resolved plan of a mesh config: sizes, sub-axes and each component's group."""
@@ -91,9 +98,8 @@ class ShardPlan:
 
     @property
     def per_layer(self) -> bool:
-        """Whether sharded parameters are gathered layer by layer (forward and backward, or
-        forward and kept: ``keep``)."""
-        return self.sharded_params and self.gather in ("layer", "keep")
+        """Whether sharded parameters are gathered layer by layer (`gathers_per_layer`)."""
+        return gathers_per_layer(self.params, self.gather)
 
     def view(self, mesh: Mesh) -> Mesh:
         """`mesh` (axes "data", "tensor", "pipe") with "data" factored into the sub-axes."""

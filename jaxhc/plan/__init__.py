@@ -17,6 +17,7 @@ from jaxhc.plan.cost import collectives as collectives
 from jaxhc.plan.layout import Layout as Layout
 from jaxhc.plan.memory import StateBytes as StateBytes
 from jaxhc.plan.memory import amsp_bytes as amsp_bytes
+from jaxhc.plan.memory import flat_bytes as flat_bytes
 from jaxhc.plan.memory import state_bytes as state_bytes
 from jaxhc.plan.planfile import Plan as Plan
 from jaxhc.plan.planfile import apply as apply
@@ -45,6 +46,7 @@ __all__ = [
     "collectives",
     "data_collectives",
     "data_steps",
+    "flat_bytes",
     "load_model",
     "load_shape",
     "search",

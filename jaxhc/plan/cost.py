@@ -8,9 +8,10 @@ Memory (bytes per device; psi = the device's parameters, its tensor x pipe block
                    temporary), OS = 12 psi_pad / s_os (two AdamW moments and the master copy) + 8,
                    with error feedback + 4 x the residual of every reduce-scatter level (the
                    vector it sends: psi_pad innermost, 1/(the inner levels' ranks) of it further
-                   out); psi, for a model jaxhc trains, its flat layout's count
-                   (`jaxhc.plan.memory.state_bytes`, equal to the compiled step's to the byte)
-  mixed (AMSP):    P = 2 psi / s_p, G = 2 psi / s_g, OS = 12 psi / s_os
+                   out); psi, for a model jaxhc trains, its flat layout's count: the count of
+                   `jaxhc.plan.memory.flat_bytes`, which `state_bytes` makes of the runtime's
+                   plan too (equal to the compiled step's to the byte)
+  mixed (AMSP):    P = 2 psi / s_p, G = 2 psi / s_g, OS = 12 psi / s_os (`amsp_bytes`)
   activations:     per layer and micro-batch `ModelShape.activation_bytes` (+ the softmax
                    probabilities without recomputation, unless the cluster's
                    ``schedule.attention`` is fused), for layers / pipe layers and every
@@ -72,7 +73,6 @@ import jax.numpy as jnp
 
 from jaxhc.codecs import parse
 from jaxhc.parallel.grads import pairs
-from jaxhc.parallel.zero import level_residuals
 from jaxhc.plan.cluster import Cluster
 from jaxhc.plan.comm import Comm, dtype_of
 from jaxhc.plan.layout import (
@@ -82,6 +82,7 @@ from jaxhc.plan.layout import (
     device_segments,
     tokens_per_microbatch,
 )
+from jaxhc.plan.memory import amsp_bytes, flat_bytes
 from jaxhc.plan.shapes import ModelShape
 from jaxhc.plan.steps import data_steps
 from jaxhc.transport import MpiTransport
@@ -127,14 +128,10 @@ def memory(
     `attention` "fused": no layer keeps its softmax probabilities (``schedule.attention``)."""
     ep, eg, ea = PRECISIONS[lay.precision]
     size, padded = device_params(shape, lay)
-    if lay.precision == "float32":
-        p = 4 * (size if lay.params == 1 else padded // lay.params)
-        g = 4 * padded // lay.grads
-        os_ = 4 * (3 * padded // lay.optim + 2)
-        if error_feedback:  # a residual per reduce-scatter level, as the train state holds them
-            os_ += 4 * sum(level_residuals(padded, lay.factors))
+    if lay.precision == "float32":  # a residual per reduce-scatter level with error feedback
+        state = flat_bytes(size, padded, lay, lay.factors if error_feedback else ())
     else:
-        p, g, os_ = 2 * padded // lay.params, 2 * padded // lay.grads, 12 * padded // lay.optim
+        state = amsp_bytes(padded, lay)
     b, tok = tokens_per_microbatch(lay, batch, seq)
     t, layers = lay.tensor, shape.layers // lay.pipe
     full = shape.activation_bytes(tok, t, ea, False)
@@ -154,7 +151,7 @@ def memory(
         temp += 4 * padded * (2 if lay.params > 1 else 1)
     else:  # a layer's gradient bucket; s_p > 1: the layer in use and the next, gathered
         temp += eg * layer + (2 * ep * layer if lay.params > 1 else 0)
-    return Memory(p, g, os_, act, temp)
+    return Memory(state.params, state.grads, state.optim, act, temp)
 
 
 def crosses_nodes(lay: Layout, i: int, cluster: Cluster) -> bool:

@@ -15,6 +15,7 @@ import functools
 import jax
 
 from jaxhc import partition
+from jaxhc.parallel.amsp import gathers_per_layer
 from jaxhc.plan.shapes import ModelShape
 
 __all__ = [
@@ -55,14 +56,16 @@ class Layout:
     codec: str = "none"  # for the data levels whose group crosses nodes
     precision: str = "float32"
     recompute: bool = False
-    gather: str = "layer"  # float32, s_p > 1: ``mesh.shard.gather`` (per layer or whole)
+    gather: str = "layer"  # float32, s_p > 1: ``mesh.shard.gather`` (per layer or whole; the
+    # planner does not count ``keep``, which `check_layout` refuses)
     transport: str = "xla"  # how the collectives run: "xla" or "mpi" (`--transport`)
     overlap: bool = True  # ``train.overlap``: gradients reduced per layer in the backward
 
     @property
     def per_layer(self) -> bool:
-        """Whether jaxhc's step (float32) gathers sharded parameters layer by layer."""
-        return self.params > 1 and self.precision == "float32" and self.gather == "layer"
+        """Whether jaxhc's step (float32) gathers sharded parameters layer by layer: the
+        runtime's rule (`jaxhc.parallel.amsp.gathers_per_layer`); mixed precision is AMSP's."""
+        return self.precision == "float32" and gathers_per_layer(self.params, self.gather)
 
     @property
     def sizes(self) -> tuple[int, int, int]:
@@ -163,6 +166,8 @@ def check_layout(shape: ModelShape, lay: Layout, batch: int) -> str:
         return (
             f"batch {batch} is not divisible by data {lay.data} x microbatches {lay.microbatches}"
         )
+    if lay.gather not in ("layer", "whole"):
+        return f"gather={lay.gather!r}: the planner counts gather layer or whole"
     s_p, s_g, s_os = lay.sizes
     if not (lay.data % s_os == 0 and s_os % s_g == 0 and s_g % s_p == 0):
         return f"s_p={s_p} | s_g={s_g} | s_os={s_os} | data={lay.data} must each divide the next"

@@ -6,8 +6,11 @@ moments and the exact master copy of 1/s_os of its padded flat vector, and after
 1/s_g of the summed gradients; AdamW's step count and the train step are int32 scalars. With error
 feedback it also holds a residual per reduce-scatter level, the vector that level sends: the
 padded vector at the innermost level, 1/(the inner levels' ranks) of it further out.
-`state_bytes` counts what the compiled train step takes as its (donated) state, to the byte
-(tests/test_plan.py checks it against XLA's memory analysis); the gradient chunk is a temporary.
+`flat_bytes` is that count from the flat vector's sizes and the plan's shard sizes and levels, the
+one rule both `state_bytes` (a runtime `Plan`) and the planner's memory model
+(`jaxhc.plan.cost.memory`, a `jaxhc.plan.Layout`) count by. `state_bytes` counts what the compiled
+train step takes as its (donated) state, to the byte (tests/test_plan.py checks it against XLA's
+memory analysis); the gradient chunk is a temporary.
 
 `amsp_bytes` counts as AMSP does for mixed-precision training (Chen et al. 2023, Table 1):
 parameters and gradients in 16 bits, optimizer state in 32 (master copy, two moments):
@@ -19,9 +22,8 @@ from __future__ import annotations
 import dataclasses
 
 from jaxhc.model.config import GPTConfig, MeshConfig
-from jaxhc.parallel.amsp import ShardPlan
+from jaxhc.parallel import zero
 from jaxhc.parallel.state import Plan
-from jaxhc.parallel.zero import residual_sizes
 
 FLOAT32 = 4
 OPT_VECTORS = 3  # AdamW's mu and nu, the master copy
@@ -60,20 +62,35 @@ def state_bytes(model: GPTConfig, mesh: MeshConfig, policy=None) -> StateBytes:
     StateBytes(params=3337216, grads=1672192, optim=5016584)
     """
     plan = Plan(model, mesh, policy=policy)
-    shard, layout = plan.shard, plan.layout
-    optim = OPT_VECTORS * layout.padded // shard.optim + SCALARS
-    if plan.error_feedback:
-        optim += sum(residual_sizes(layout.padded, shard))
-    params = layout.padded // shard.params if shard.sharded_params else layout.size
+    levels = [k for _, k in zero.levels(plan.shard)] if plan.error_feedback else ()
+    return flat_bytes(plan.layout.size, plan.layout.padded, plan.shard, levels)
+
+
+def flat_bytes(size: int, padded: int, shard, levels=()) -> StateBytes:
+    """The per-device state of jaxhc's float32 flat layout: `size` the device's parameters and
+    `padded` its padded flat vector (`jaxhc.parallel.layout.FlatLayout`'s ``size``, ``padded``),
+    `shard` its sizes (``params``, ``grads``, ``optim``: a `ShardPlan` or a planner `Layout`),
+    `levels` with error feedback the data levels' sizes, innermost first (a residual for each of
+    more than one rank, `jaxhc.parallel.zero.level_residuals`), else empty.
+
+    >>> from jaxhc.parallel.amsp import ShardPlan
+    >>> shard = ShardPlan(data=8, params=1, grads=8, optim=8, axes=("data",), sizes=(8,))
+    >>> jaxhc.plan.flat_bytes(1000, 1024, shard, levels=(8,))
+    StateBytes(params=4000, grads=512, optim=5640)
+    """
+    residuals = sum(zero.level_residuals(padded, levels))
+    optim = OPT_VECTORS * padded // shard.optim + SCALARS + residuals
+    params = padded // shard.params if shard.params > 1 else size
     return StateBytes(
         params=FLOAT32 * params,
-        grads=FLOAT32 * layout.padded // shard.grads,
+        grads=FLOAT32 * padded // shard.grads,
         optim=FLOAT32 * optim,
     )
 
 
-def amsp_bytes(psi: int, shard: ShardPlan) -> StateBytes:
-    """AMSP's mixed-precision count for `psi` parameters under `shard`.
+def amsp_bytes(psi: int, shard) -> StateBytes:
+    """AMSP's mixed-precision count for `psi` parameters under `shard` (its ``params``,
+    ``grads``, ``optim``: a `ShardPlan` or a planner `Layout`).
 
     >>> from jaxhc.model.config import MeshConfig
     >>> from jaxhc.parallel.amsp import ShardPlan

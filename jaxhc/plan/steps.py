@@ -45,6 +45,7 @@ def data_steps(
     layerwise: bool = False,
     all_reduce: bool = False,
     broadcast: bool = False,
+    kept: bool = False,
 ) -> list[DataStep]:
     """The data-axis collectives of one step: `factors` the levels' sizes (innermost first),
     `sizes` (s_p, s_g, s_os), `whole` the device's padded flat vector; `segments` (shared
@@ -52,7 +53,9 @@ def data_steps(
     float32 step); `layerwise` a mixed-precision step (ZeRO-3 style: gathers forward and
     backward every micro-batch, a sharded gradient reduce-scattered every micro-batch inside its
     group); `all_reduce` AMSP's gradient schedule (``schedule.gradients``), `broadcast` its
-    parameter exchange (``schedule.exchange``). Levels of one rank move nothing and are left out.
+    parameter exchange (``schedule.exchange``); `kept` the layers' gathers in the forward only,
+    kept for the backward (``mesh.shard.gather: keep``). Levels of one rank move nothing and are
+    left out.
 
     >>> [(s.level, s.op, s.message, s.role) for s in jaxhc.plan.data_steps((2, 4), (2, 2, 8), 4096)]
     ... # s_p = s_g = 2 on the inner level, the optimizer state over all 8
@@ -80,7 +83,9 @@ def data_steps(
     # once, each layer's forward and backward, every micro-batch)
     if segments is not None:
         shared, one, layers = segments
-        gathers, scatters = [(shared, 1), (one, 2 * m * layers)], [(shared, 1), (one, layers)]
+        passes = 1 if kept else 2  # forward (and backward, unless kept)
+        gathers = [(shared, 1), (one, passes * m * layers)]
+        scatters = [(shared, 1), (one, layers)]
     else:
         gathers, scatters = [(whole, 2 * m if layerwise else 1)], []
     for part, count in gathers if s_p > 1 else ():

@@ -5,7 +5,7 @@ flat vector over the parameter group's levels, outermost first ((k - 1) x chunk 
 chunk growing k-fold): with ``mesh.shard.gather: whole`` once per step (the forward; the backward
 keeps the gathered copy); per layer (the default) the shared parameters' segment once and each
 layer's segment before the layer runs, forward and again backward, for every micro-batch
-(2 x microbatches x local layers messages of a layer's chunk). The
+(2 x microbatches x local layers messages of a layer's chunk; ``keep``: forward only). The
 train step (`jaxhc.parallel.zero`) reduce-scatters the flat gradient vector (n bytes) level by
 level, innermost first, once per step (not per micro-batch; per layer, over the parameter
 group's levels, the shared segment and each layer's as their own messages): over a level of k ranks
@@ -83,7 +83,9 @@ def data_collectives(mesh: MeshConfig, flat_bytes: int, segments=None) -> list[C
     factors = tuple(reversed(shard.sizes))  # innermost first
     sizes = (shard.params, shard.grads, shard.optim)
     segments = segments if shard.per_layer else None
-    steps = data_steps(factors, sizes, flat_bytes, segments, microbatches=mesh.microbatches)
+    kept = shard.gather == "keep"
+    m = mesh.microbatches
+    steps = data_steps(factors, sizes, flat_bytes, segments, microbatches=m, kept=kept)
     return [
         Collective(
             shard.axes[-1 - s.level],

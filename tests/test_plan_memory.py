@@ -1,0 +1,86 @@
+"""The planner's float32 state per device (`jaxhc.plan.cost.memory`, as `search.evaluate` counts
+a row) is the runtime's count of the same plan (`jaxhc.plan.state_bytes`, which
+tests/test_plan.py checks against XLA to the byte), and its flat vector the runtime layout's:
+over meshes, shard plans and the policies the plans run, tensor 2 with a block codec on data
+(the layout's tensor blocks), error feedback (a residual per level) and sharded parameters
+among them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _gpt import CFG
+
+import jaxhc
+from jaxhc.model.config import MeshConfig
+from jaxhc.parallel.state import Plan
+from jaxhc.plan import cluster as clusters
+from jaxhc.plan import state_bytes
+from jaxhc.plan.cost import codec_by_policy, spec_policy
+from jaxhc.plan.layout import Layout, device_params, device_segments
+from jaxhc.plan.search import evaluate
+from jaxhc.plan.shapes import from_gpt
+
+SHAPE = from_gpt("tiny", CFG)
+POLICIES = Path(__file__).resolve().parent.parent / "configs" / "policy"
+SPECS = ("q8", "q4:h", "mpc", "zfp:8:d3", "zfp:16:d3")  # the codecs the cases' policies send
+CLUSTER = clusters.from_dict(  # 2 devices a node: every data level of 2 ranks or more crosses
+    {
+        "name": "pairs",
+        "nodes": 4,
+        "devices_per_node": 2,
+        "memory_gib": 1,
+        "links": {
+            "intra": {"gbit_s": 800, "latency_us": 2},
+            "inter": {"gbit_s": 80, "latency_us": 10},
+        },
+        "codecs": {c: {"encode_gb_s": 20, "decode_gb_s": 10} for c in SPECS},
+    }
+)
+CASES = [  # (data, tensor, pipe, shard, policy file or codec on the data levels that cross)
+    (8, 1, 1, {}, "none"),
+    (4, 2, 1, {"grads": 2, "optim": 2, "groups": [2]}, "q8"),  # tensor blocks of 256
+    (4, 2, 1, {"params": 2, "grads": 2, "optim": 4, "groups": [2]}, "q8_ef.yaml"),
+    (2, 2, 2, {"params": 2}, "q4_ef.yaml"),  # q4 (rotated) grads, q8 params, residuals
+    (2, 4, 1, {"optim": 1}, "q4:h"),
+    (8, 1, 1, {"params": 2, "grads": 4, "optim": 4, "groups": [2, 4]}, "zhybrid_ef.yaml"),
+    (4, 2, 1, {"params": 4, "gather": "whole"}, "mzhybrid_ef.yaml"),
+]
+
+
+def _row(data, tensor, pipe, shard, policy):
+    """(the runtime's mesh and policy, the planner's row) of one plan."""
+    mesh = MeshConfig(data, tensor, pipe, 1, shard=shard)
+    p, g, o, levels = mesh.shard.resolve(data)
+    gather = mesh.shard.gather
+    if policy.endswith(".yaml"):
+        path = str(POLICIES / policy)
+        lay = Layout(data, tensor, pipe, 1, p, g, o, levels, f"policy {path}", gather=gather)
+        row = evaluate(SHAPE, lay, CLUSTER, 64, 16, codec_by_policy(path))
+        return mesh, jaxhc.Policy.load(path), row
+    lay = Layout(data, tensor, pipe, 1, p, g, o, levels, policy, gather=gather)
+    run = spec_policy(policy, lay, CLUSTER)  # what `jaxhc plan --write` gives the run
+    run = None if run is None else jaxhc.Policy.from_dict(run)
+    return mesh, run, evaluate(SHAPE, lay, CLUSTER, 64, 16)
+
+
+@pytest.mark.parametrize("data, tensor, pipe, shard, policy", CASES)
+def test_planner_state_is_the_runtimes(data, tensor, pipe, shard, policy):
+    mesh, run, row = _row(data, tensor, pipe, shard, policy)
+    assert not row.rejected and row.trainable == "yes"
+    want = state_bytes(CFG, mesh, run)
+    got = row.memory
+    assert (got.params, got.grads, got.optim) == (want.params, want.grads, want.optim)
+    fl = Plan(CFG, mesh, policy=run).layout
+    assert device_params(SHAPE, row.layout) == (fl.size, fl.padded)
+    segments = (fl.shared_padded, fl.layer_padded, fl.layers)
+    assert device_segments(SHAPE, row.layout) == segments
+
+
+def test_a_block_codec_on_data_with_tensor_2_shapes_the_count():
+    """The tensor blocks of q8 (256 values) move parameters apart: the planner counts the
+    layout the run gets, not the plain one."""
+    mesh, run, row = _row(*CASES[1])
+    assert Plan(CFG, mesh, policy=run).layout.padded != Plan(CFG, mesh).layout.padded
+    assert row.memory.optim == state_bytes(CFG, mesh, run).optim != state_bytes(CFG, mesh).optim
