@@ -1,5 +1,6 @@
-"""The fused MPI psum_scatter with error feedback (ffi/mpi: jaxhc_mpi_psum_scatter_ef) against
-the XLA transport's unfused algorithm, bit for bit, under mpirun.
+"""The fused MPI psum_scatter with error feedback (ffi/mpi: jaxhc_mpi_psum_scatter_ef; gradient
+reduce-scatters, ``kind="grad"``) against the XLA transport's unfused algorithm, bit for bit,
+under mpirun.
 
 The native call adds the residual, encodes, sends, and writes the new residual from each
 segment's decoded values while the wire runs; here segments are small so every case spans many,
@@ -38,7 +39,7 @@ TARGET = "jaxhc_mpi_psum_scatter_ef"
 def _body(codec, dim):
     def body(x, old):
         out, new = jaxhc.psum_scatter(
-            x, "x", scatter_dimension=dim, tiled=True, codec=codec, residual=old
+            x, "x", scatter_dimension=dim, tiled=True, codec=codec, kind="grad", residual=old
         )
         return {"out": out, "residual": new}
 

@@ -103,7 +103,7 @@ def scatter(x, axis_name, dim, tiled, codec: Codec | None, kind, vma):
 def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=None):
     """This rank's reduced slice; with `residual` (error feedback), (that slice, new residual)."""
     feedback = residual is not None
-    if feedback and codec is not None and transport().fused_feedback(codec, x.dtype, axis_name):
+    if feedback and kind == "grad" and transport().fused_feedback(codec, x.dtype, axis_name):
         return _scatter_feedback_fused(x, axis_name, dim, tiled, codec, kind, residual)
     y, send = ef.carry(x, residual) if feedback else (None, x)
     if codec is None:
@@ -149,7 +149,14 @@ def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=No
 
 def _scatter_feedback_fused(x, axis_name, dim, tiled, codec: Codec, kind, residual):
     """`scatter_run` with error feedback in one native call (the MPI transport): the carry, the
-    coding, the wire and the new residual in one pass over the segments; the same values."""
+    coding, the wire and the new residual in one pass over the segments; the same values.
+
+    Gradient reduce-scatters only (``kind="grad"``: the trainer's, whose residual is a train state
+    input and whose values come from dots and sums): the native add matches XLA's carry when
+    both operands exist as arrays, but XLA:CPU computes a value in one fusion with its consumer
+    differently (a product contracted into the add, a vectorized transcendental: 2 of 256
+    residual values from an in-program ``0.01 * sin(x)``), so other calls keep the unfused
+    algorithm, XLA's bits whatever computed their operands."""
     t = transport()
     parts = t.axis_size(axis_name)
     raw = volume.raw("psum_scatter", parts, c.nbytes(x))
