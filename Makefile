@@ -83,7 +83,7 @@ MPI_ENV = PYTHONPATH=tests XLA_FLAGS=--xla_force_host_platform_device_count=4 OM
 # `make test` leaves out the MPI tests marked slow, as it does the others; `make test-all` runs them.
 MPI_MARK ?= mpi
 MPI_PYTEST = $(BIN)/python -m pytest -q -p mpi_plugin -p no:cacheprovider --timeout=150 -m "$(MPI_MARK)" \
-  tests/test_mpi_transport.py tests/test_mpi_fused.py tests/test_overlap_mpi.py \
+  tests/test_mpi_transport.py tests/test_mpi_fused.py tests/test_mpi_feedback.py tests/test_overlap_mpi.py \
   tests/test_prefetch_mpi.py tests/test_keep_mpi.py
 
 # The job sizes (`make test` runs 4 alone: its 2 x 2 meshes put every collective on axes of 2

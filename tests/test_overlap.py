@@ -20,15 +20,17 @@ from jaxhc.parallel.state import Plan
 DDP = {"params": 1, "grads": 1, "optim": 1}
 
 
-def _run(mesh_cfg, policy, overlap, steps=2):
+def _run(mesh_cfg, policy, overlap, steps=2, state=False):
+    """(metrics, the parameters (`state`: the whole train state), the compiled step's HLO)."""
     mesh = make_mesh(mesh_cfg, jax.devices()[: mesh_cfg.size])
     step = make_train_step(CFG, mesh_cfg, OPTIM, mesh, policy, overlap=overlap)
-    state = init_state(CFG, mesh_cfg, OPTIM, mesh, SEED, policy=policy)
+    s = init_state(CFG, mesh_cfg, OPTIM, mesh, SEED, policy=policy)
     metrics = []
     for i in range(steps):
-        state, m = step(state, batch(i))
+        s, m = step(s, batch(i))
         metrics.append({k: np.asarray(v) for k, v in m.items()})
-    return metrics, params_to_single(state), step.lower(state, batch(0)).compile().as_text()
+    hlo = step.lower(s, batch(0)).compile().as_text()
+    return metrics, (jax.device_get(s) if state else params_to_single(s)), hlo
 
 
 @pytest.mark.parametrize(
@@ -57,6 +59,37 @@ def test_overlapped_reduction_gives_the_same_bits(mesh_cfg, policy):
     assert _in_loops(hlo, "all-to-all(") > _in_loops(hlo_off, "all-to-all(")
 
 
+_EF = {"codec": "q4:h", "error_feedback": True}
+
+
+def _feedback(name, **axes) -> jaxhc.Policy:
+    """Error feedback on "data" (every message compressed), `axes` on the others."""
+    return jaxhc.Policy.from_dict({"name": name, "axes": {"data": _EF, **axes}, "min_bytes": 0})
+
+
+@pytest.mark.parametrize(
+    "mesh_cfg, policy",
+    [
+        (MeshConfig(2, 2, 2), _feedback("q4ef", tensor="mpc", pipe="mpc")),
+        pytest.param(MeshConfig(4, shard=DDP), _feedback("q4ef-ddp"), marks=pytest.mark.slow),
+    ],
+    ids=["zero1-2x2x2-q4h-ef", "ddp-4-q4h-ef"],
+)
+def test_overlapped_reduction_with_error_feedback_gives_the_same_bits(mesh_cfg, policy):
+    """With error-feedback residuals each layer's reduction takes its part of the residual and
+    gives its new one: losses, gradient norms, parameters and residuals bit for bit with and
+    without overlap, the reduce-scatters inside the backward's layer scan."""
+    on, on_state, hlo = _run(mesh_cfg, policy, True, state=True)
+    off, off_state, hlo_off = _run(mesh_cfg, policy, False, state=True)
+    for a, b in zip(on, off, strict=True):
+        for k in ("loss", "grad_norm"):
+            assert a[k].tobytes() == b[k].tobytes(), k
+    assert np.asarray(on_state.opt_state["residual"]).any()
+    for a, b in zip(jax.tree.leaves(on_state), jax.tree.leaves(off_state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert _in_loops(hlo, "all-to-all(") > _in_loops(hlo_off, "all-to-all(")
+
+
 def _in_loops(hlo: str, op: str) -> int:
     """How many `op` instructions the while loops' bodies hold, with what they call."""
     comps = {}
@@ -76,9 +109,9 @@ def _in_loops(hlo: str, op: str) -> int:
 
 
 def test_the_step_keeps_the_reduction_after_the_backward_where_it_must():
-    """Sharded parameters, several micro-batches, error feedback, fidelity sampling, and a codec
-    whose coding of a value depends on its place in the message (random rounding keyed by the
-    index) keep the whole vector's reduction after the backward."""
+    """Sharded parameters, several micro-batches, error feedback with ``keep_own``, fidelity
+    sampling, and a codec whose coding of a value depends on its place in the message (random
+    rounding keyed by the index) keep the whole vector's reduction after the backward."""
     zfp = {("data", "scatter"): jaxhc.codecs.parse("zfp:8")}
     plain = Plan(CFG, MeshConfig(4))
     assert overlaps(plain, 0, zfp)
@@ -88,5 +121,11 @@ def test_the_step_keeps_the_reduction_after_the_backward_where_it_must():
     assert not overlaps(plain, 0, {("data", "scatter"): jaxhc.codecs.parse("q8:sr")})
     assert not overlaps(plain, 0, {("data", "scatter"): jaxhc.codecs.parse("q8:b1024")})
     assert overlaps(plain, 0, {("data", "scatter"): jaxhc.codecs.parse("mpc")})
-    feedback = jaxhc.Policy.preset("zhybrid_ef")
-    assert not overlaps(Plan(CFG, MeshConfig(4), OPTIM, feedback), 0, zfp)
+    keep_own = jaxhc.Policy.from_dict(
+        {"name": "own", "axes": {"data": {**_EF, "keep_own": True}}, "min_bytes": 0}
+    )
+    with jaxhc.context.use(policy=keep_own):
+        assert not overlaps(Plan(CFG, MeshConfig(4), OPTIM, keep_own), 0, zfp)
+    feedback = jaxhc.Policy.preset("zhybrid_ef")  # error feedback alone overlaps
+    with jaxhc.context.use(policy=feedback):
+        assert overlaps(Plan(CFG, MeshConfig(4), OPTIM, feedback), 0, zfp)

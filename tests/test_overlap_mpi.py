@@ -186,3 +186,31 @@ def test_overlapped_training_gives_the_same_bits(policy):
         bad.append(f"{policy}: {starts} started reductions with overlap, {none} without")
     bad += s.same_training(policy, "overlap", on, off, ref)
     h.assert_on_every_rank(bad)
+
+
+# q4_ef with every message compressed (the tiny model's are under the presets' min_bytes).
+FEEDBACK = """\
+name: q4-ef-every-message
+min_bytes: 0
+axes:
+  data: {codec: q4:h, error_feedback: true, param: q8}
+"""
+
+
+@pytest.mark.skipif(SIZE != 2, reason="-np 2 only (make test-mpi): 4 ranks compile 2x slower")
+def test_overlapped_training_with_error_feedback_gives_the_same_bits(tmp_path_factory):
+    """Error feedback: each layer's reduce-scatter started in the backward with its part of the
+    residual (the fused call that adds it, codes, and keeps what the codec lost), finished after
+    it; losses and every state block, the residuals among them, bit for bit as without overlap
+    and the losses the XLA transport's."""
+    policy = s.policy_file(tmp_path_factory, "q4-ef.yaml", FEEDBACK)
+    cfg = _config(policy, True)
+    on, off = s.train(cfg), s.train(_config(policy, False))
+    ref = s.on_rank0(lambda: h.xla_losses(cfg))
+    bad = []
+    if on[2] != 1 or off[2] != 0:
+        bad.append(f"q4_ef: {on[2]} started reductions with overlap, {off[2]} without")
+    if not on[1].opt_state["residual"].any():
+        bad.append("q4_ef: no residual kept")
+    bad += s.same_training("q4_ef", "overlap", on, off, ref)
+    h.assert_on_every_rank(bad)

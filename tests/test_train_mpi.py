@@ -59,8 +59,8 @@ TINY = [
     "train.fidelity_every=2",  # steps 0 and 2 reduce their gradients a second time, exactly
 ]
 # Data gradients with error feedback: their residuals travel through MPI checkpoints and resumes
-# (so the data psum_scatter takes the unfused algorithm; tests/test_mpi_fused.py covers the fused
-# one, and the pipe psum and param all_gather here stay fused).
+# (the data psum_scatter is the fused call with residuals, tests/test_mpi_feedback.py; the pipe
+# psum and param all_gather here are fused too).
 POLICY = """\
 name: every-message
 min_bytes: 0

@@ -66,6 +66,8 @@ class Workspace {
  public:
   std::mutex mu;  // one fused collective at a time per workspace (they are ordered anyway)
   Buffer send1, recv1, send2, recv2, reduced, stage;
+  Buffer carried;  // error feedback: a segment's y = x + residual, then its decoded values
+  Buffer sent;     // error feedback, plain: the whole y = x + residual
 };
 
 Workspace* new_workspace() { return new Workspace; }
@@ -211,8 +213,10 @@ Geometry make_geometry(MPI_Comm comm, Elem e, uint64_t n, uint64_t per, uint64_t
 // values travel as they are, straight from x and into y where they can (no header, no copies).
 class Call {
  public:
-  Call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, Workspace& w)
-      : e_(e), codec_(codec), g_(g), ex_(comm), w_(w) {
+  Call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, Workspace& w,
+       const float* residual_in = nullptr, float* residual_out = nullptr)
+      : e_(e), codec_(codec), g_(g), ex_(comm), w_(w), res_in_(residual_in),
+        res_out_(residual_out) {
     uint64_t vals = round_up(g.L * g.eb, 8);
     slot_ = codec ? kHeader + std::max(round_up(codec->capacity(g.L), 8),
                                        codec->may_send_raw() ? vals : 0)
@@ -233,6 +237,8 @@ class Call {
     return b.get(slot_ * g_.S * g_.parts) + (s * g_.parts + q) * slot_;
   }
   const void* source(const void* x, int q, uint64_t s);
+  const float* carry(const void* x, int q, uint64_t s);
+  void keep_lost(const uint8_t* msg, int q, uint64_t s, const float* y);
   uint8_t* plain_target(void* y, int q, uint64_t s);
   uint64_t encode_into(uint8_t* msg, const void* values, uint64_t count, uint8_t flags,
                        uint8_t fails);
@@ -246,6 +252,8 @@ class Call {
   Geometry g_;
   Exchange ex_;
   Workspace& w_;
+  const float* res_in_;  // error feedback (codec calls only): see Options
+  float* res_out_;
   uint64_t slot_;
   bool ok_values_ = true, ok_reduced_ = true, over_budget_ = false;
 };
@@ -260,6 +268,42 @@ const void* Call::source(const void* x, int q, uint64_t s) {
   std::memcpy(st, base, v * g_.eb);
   std::memset(st + v * g_.eb, 0, (c - v) * g_.eb);
   return st;
+}
+
+// Error feedback: segment s of chunk q of y = x + residual (zeros past the valid values, as the
+// unfused path pads its rows), in the workspace's `carried` buffer (one segment at a time).
+const float* Call::carry(const void* x, int q, uint64_t s) {
+  float* y = reinterpret_cast<float*>(w_.carried.get(2 * g_.L * sizeof(float)));
+  const float* xv = static_cast<const float*>(x) + g_.offset(q, s);
+  const float* rv = res_in_ + g_.offset(q, s);
+  uint64_t c = g_.count(s), v = g_.valid(q, s);
+  {
+    FlushDenormals ftz;  // XLA:CPU's add
+    for (uint64_t i = 0; i < v; ++i) y[i] = xv[i] + rv[i];
+  }
+  std::fill(y + v, y + c, 0.0f);
+  return y;
+}
+
+// Error feedback: the residual of segment s of chunk q, y minus what its message `msg` decodes to
+// (a raw message: y itself, so y - y). A failed encode writes nothing: the call then goes plain.
+void Call::keep_lost(const uint8_t* msg, int q, uint64_t s, const float* y) {
+  Header h;
+  std::memcpy(&h, msg, kHeader);
+  if (!(h.flags & kOkValues)) return;
+  uint64_t c = g_.count(s), v = g_.valid(q, s);
+  float* dec = reinterpret_cast<float*>(w_.carried.get(2 * g_.L * sizeof(float))) + g_.L;
+  const float* got = y;
+  if (!h.raw) {
+    if (!codec_->decode(msg + kHeader, h.bytes, e_, c, dec)) {
+      ok_values_ = false;  // malformed: the call goes plain
+      return;
+    }
+    got = dec;
+  }
+  float* out = res_out_ + g_.offset(q, s);
+  FlushDenormals ftz;  // XLA:CPU's subtraction
+  for (uint64_t i = 0; i < v; ++i) out[i] = y[i] - got[i];
 }
 
 // Where a plain gathered segment lands: in y when it is whole there, else in a slot.
@@ -321,8 +365,10 @@ void Call::encode_scatter(const void* x, uint64_t s) {
       continue;
     }
     uint8_t* msg = slot(w_.send1, s, q);
-    uint64_t size = encode_into(msg, source(x, q, s), g_.count(s), kOkValues, kOkValues);
+    const void* values = res_in_ ? carry(x, q, s) : source(x, q, s);
+    uint64_t size = encode_into(msg, values, g_.count(s), kOkValues, kOkValues);
     if (q != g_.me) ex_.send(msg, size, slot_, q, kTagScatter);
+    if (res_in_) keep_lost(msg, q, s, static_cast<const float*>(values));  // while it travels
   }
 }
 
@@ -462,8 +508,10 @@ struct Outcome {
 };
 
 Outcome run_call(MPI_Comm comm, Elem e, SegmentCodec* codec, const Geometry& g, Workspace& w,
-                 const void* x, uint8_t* chunk, void* y, bool scatter, bool gather, Stats* stats) {
-  Call call(comm, e, codec, g, w);
+                 const void* x, uint8_t* chunk, void* y, bool scatter, bool gather, Stats* stats,
+                 const Options* feedback = nullptr) {
+  Call call(comm, e, codec, g, w, feedback ? feedback->residual_in : nullptr,
+            feedback ? feedback->residual_out : nullptr);
   call.run(x, chunk, y, scatter, gather);
   stats->wire_bytes += call.sent();
   if (call.over_budget()) stats->fallback = 1;
@@ -502,12 +550,16 @@ std::string psum_scatter(MPI_Comm comm, Elem e, const void* x, uint64_t per, voi
                          SegmentCodec* codec, const Options& opt, Stats* stats) {
   const int P = comm_size(comm);
   const size_t eb = elem_bytes(e);
+  const bool feedback = opt.residual_in != nullptr;
+  if (feedback && (e != Elem::kF32 || opt.residual_out == nullptr))
+    return "error feedback takes float32 values and both residuals";
   Workspace& w = workspace(opt);
   std::lock_guard<std::mutex> lock(w.mu);
   if (codec) {
     Geometry g = make_geometry(comm, e, P * per, per, round_up(per, 4), codec, opt);
     uint8_t* chunk = w.reduced.get(g.m * eb);
-    Outcome o = run_call(comm, e, codec, g, w, x, chunk, nullptr, true, false, stats);
+    Outcome o = run_call(comm, e, codec, g, w, x, chunk, nullptr, true, false, stats,
+                         feedback ? &opt : nullptr);
     stats->wire_bytes += 4 * (P - 1);  // the agreement
     int bits = any_rank(comm, (o.ok_values ? 0 : 1) | (o.over_budget ? 2 : 0));
     stats->fallback = bits != 0;
@@ -515,6 +567,17 @@ std::string psum_scatter(MPI_Comm comm, Elem e, const void* x, uint64_t per, voi
       std::memcpy(y, chunk, per * eb);
       return "";
     }
+  }
+  if (feedback) {  // y = x + residual travels as it is: nothing is lost (zeros, as kept())
+    const uint64_t n = P * per;
+    float* sent = reinterpret_cast<float*>(w.sent.get(n * sizeof(float)));
+    const float* xv = static_cast<const float*>(x);
+    {
+      FlushDenormals ftz;
+      for (uint64_t i = 0; i < n; ++i) sent[i] = xv[i] + opt.residual_in[i];
+    }
+    std::fill(opt.residual_out, opt.residual_out + n, 0.0f);
+    x = sent;
   }
   Geometry pg = make_geometry(comm, e, P * per, per, per, nullptr, opt);
   run_call(comm, e, nullptr, pg, w, x, static_cast<uint8_t*>(y), nullptr, true, false, stats);

@@ -72,6 +72,13 @@ struct Options {
   // Where the call keeps its buffers; nullptr: the process's shared workspace (whose calls then
   // run one at a time). Calls that may run concurrently need workspaces of their own.
   Workspace* workspace = nullptr;
+  // Error feedback (psum_scatter of float32 values only; nullptr: none). The call sends
+  // y = x + residual_in (P * per values, added with denormals flushed as XLA:CPU adds) and writes
+  // residual_out = y - decode(encode(y)) (P * per values), each segment's right after it is
+  // encoded, while the wire runs: what jaxhc's unfused error feedback computes in separate
+  // passes. A plain call (or an agreed fallback) sends y itself and writes zeros.
+  const float* residual_in = nullptr;
+  float* residual_out = nullptr;
 };
 
 // psum of n values: y (n values) = the reduced, decoded sum on every rank. codec nullptr: plain
@@ -80,6 +87,7 @@ std::string psum(MPI_Comm comm, Elem e, const void* x, uint64_t n, void* y, Segm
                  const Options& opt, Stats* stats);
 
 // psum_scatter of P rows of `per` values (x holds P * per values): y = this rank's reduced row.
+// With opt.residual_in / residual_out: error feedback (see Options), float32 only.
 std::string psum_scatter(MPI_Comm comm, Elem e, const void* x, uint64_t per, void* y,
                          SegmentCodec* codec, const Options& opt, Stats* stats);
 

@@ -4,6 +4,9 @@
 //   jaxhc_mpi_psum          x: F32|F64|BF16 [n], token -> y [n], stats: S32 [3], token
 //   jaxhc_mpi_psum_scatter  x [P * per], token        -> y [per], stats, token
 //   jaxhc_mpi_all_gather    x [k], token              -> y [P * k], stats, token
+//   jaxhc_mpi_psum_scatter_ef  x: F32 [P * per], residual: F32 [P * per], token
+//                              -> y [per], new residual: F32 [P * per], stats, token
+//                              (error feedback, see engine.h Options)
 //   attrs: comm (the MPI_Comm handle, as mpi4py's _handleof gives it), codec (0 plain, 1 zfp,
 //          2 mpc, 3 quant, 4 rotated quant), maxbits (zfp), dim (zfp: its block dims 1..3; mpc:
 //          its dimension), budget (mpc; <= 0: none), bits and block (quant: bits per code, values
@@ -13,8 +16,11 @@
 //
 // Asynchronous (ffi/mpi/queue.h): the same calls started on a progress thread, finished later.
 //   jaxhc_mpi_start  x [n], token -> handle: F32 [1] (the call's ticket), token
-//                    attrs: those above and op (0 psum, 1 psum_scatter, 2 all_gather)
-//   jaxhc_mpi_done   handle, token -> y (as the synchronous call's), stats, token
+//                    attrs: those above and op (0 psum, 1 psum_scatter, 2 all_gather,
+//                    3 psum_scatter with error feedback: x is F32 [2 * P * per], the values
+//                    then the residual)
+//   jaxhc_mpi_done   handle, token -> y (as the synchronous call's; op 3: F32 [per + P * per],
+//                    the reduced row then the new residual), stats, token
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -116,7 +122,8 @@ void WriteStats(const Stats& st, ffi::Buffer<ffi::S32> stats) {
 }
 
 ffi::Error Run(const char* op, Fn fn, ffi::AnyBuffer x, ffi::AnyBuffer y,
-               ffi::Buffer<ffi::S32> stats, const Attrs& a, uint64_t count) {
+               ffi::Buffer<ffi::S32> stats, const Attrs& a, uint64_t count,
+               Options opt) {
   Elem e;
   std::string err = CheckTypes(x.element_type(), y.element_type(), &e);
   if (err.empty() && stats.element_count() != 3) err = "stats must hold 3 int32";
@@ -124,8 +131,7 @@ ffi::Error Run(const char* op, Fn fn, ffi::AnyBuffer x, ffi::AnyBuffer y,
   if (err.empty()) err = MakeCodec(a, e, &c);
   if (!err.empty()) return ffi::Error::InvalidArgument(std::string(op) + ": " + err);
   Stats st;
-  err = fn(to_comm(a.comm), e, x.untyped_data(), count, y.untyped_data(), c.get(),
-           MakeOptions(a), &st);
+  err = fn(to_comm(a.comm), e, x.untyped_data(), count, y.untyped_data(), c.get(), opt, &st);
   if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
   WriteStats(st, stats);
   return ffi::Error::Success();
@@ -144,7 +150,7 @@ ffi::Error PsumImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
   const Attrs a{comm, codec, maxbits, dim, budget, bits, block, segment_bytes};
   if (y->element_count() != x.element_count())
     return ffi::Error::InvalidArgument("jaxhc_mpi_psum: y must have as many values as x");
-  return Run("jaxhc_mpi_psum", &psum, x, *y, *stats, a, x.element_count());
+  return Run("jaxhc_mpi_psum", &psum, x, *y, *stats, a, x.element_count(), MakeOptions(a));
 }
 
 ffi::Error PsumScatterImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
@@ -155,7 +161,7 @@ ffi::Error PsumScatterImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuf
   uint64_t per = y->element_count();
   if (x.element_count() != per * CommSize(comm))
     return ffi::Error::InvalidArgument("jaxhc_mpi_psum_scatter: x must hold P * y values");
-  return Run("jaxhc_mpi_psum_scatter", &psum_scatter, x, *y, *stats, a, per);
+  return Run("jaxhc_mpi_psum_scatter", &psum_scatter, x, *y, *stats, a, per, MakeOptions(a));
 }
 
 ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
@@ -166,10 +172,44 @@ ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffe
   uint64_t k = x.element_count();
   if (y->element_count() != k * CommSize(comm))
     return ffi::Error::InvalidArgument("jaxhc_mpi_all_gather: y must hold P * x values");
-  return Run("jaxhc_mpi_all_gather", &all_gather, x, *y, *stats, a, k);
+  return Run("jaxhc_mpi_all_gather", &all_gather, x, *y, *stats, a, k, MakeOptions(a));
 }
 
-enum OpId : int64_t { kPsumOp = 0, kPsumScatterOp = 1, kAllGatherOp = 2 };
+ffi::Error PsumScatterEfImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> residual, ffi::Token,
+                             ffi::Result<ffi::AnyBuffer> y,
+                             ffi::Result<ffi::Buffer<ffi::F32>> new_residual,
+                             ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Token>,
+                             int64_t comm, int64_t codec, int64_t maxbits, int64_t dim,
+                             double budget, int64_t bits, int64_t block, int64_t segment_bytes) {
+  const Attrs a{comm, codec, maxbits, dim, budget, bits, block, segment_bytes};
+  const char* op = "jaxhc_mpi_psum_scatter_ef";
+  uint64_t per = y->element_count(), n = x.element_count();
+  if (x.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument(std::string(op) + ": x must be float32");
+  if (n != per * CommSize(comm) || residual.element_count() != n ||
+      new_residual->element_count() != n)
+    return ffi::Error::InvalidArgument(std::string(op) +
+                                       ": x and both residuals must hold P * y values");
+  Options opt = MakeOptions(a);
+  opt.residual_in = residual.typed_data();
+  opt.residual_out = new_residual->typed_data();
+  return Run(op, &psum_scatter, x, *y, *stats, a, per, opt);
+}
+
+enum OpId : int64_t { kPsumOp = 0, kPsumScatterOp = 1, kAllGatherOp = 2, kFeedbackOp = 3 };
+
+// The started psum_scatter with error feedback: `in` holds the values then the residual (n each),
+// `y` gets the reduced row (n / P values) then the new residual (n).
+Work FeedbackWork(MPI_Comm mc, uint64_t n, uint64_t per, std::shared_ptr<SegmentCodec> c,
+                  const Options& opt) {
+  return [mc, n, per, c, opt](const void* in, void* y, Workspace* w, Stats* st) {
+    Options o = opt;
+    o.workspace = w;
+    o.residual_in = static_cast<const float*>(in) + n;
+    o.residual_out = static_cast<float*>(y) + per;
+    return psum_scatter(mc, Elem::kF32, in, per, y, c.get(), o, st);
+  };
+}
 
 ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::Buffer<ffi::F32>> handle,
                      ffi::Result<ffi::Token>, int64_t comm, int64_t op, int64_t codec,
@@ -199,15 +239,21 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::Buffer<ffi::
       fn = &psum_scatter, count = n / P, out = n / P;
       break;
     case kAllGatherOp: fn = &all_gather, count = n, out = n * P; break;
+    case kFeedbackOp:
+      if (e != Elem::kF32 || n % (2 * P)) return fail("x must hold 2 * P * per float32 values");
+      fn = nullptr, count = n / 2 / P, out = count + n / 2;
+      break;
     default: return fail("unknown op " + std::to_string(op));
   }
   const MPI_Comm mc = to_comm(comm);
   const Options opt = MakeOptions(a);
-  Work work = [fn, mc, e, count, c, opt](const void* in, void* y, Workspace* w, Stats* st) {
+  Work work = fn ? Work([fn, mc, e, count, c, opt](const void* in, void* y, Workspace* w,
+                                                   Stats* st) {
     Options o = opt;
     o.workspace = w;
     return fn(mc, e, in, count, y, c.get(), o, st);
-  };
+  })
+                 : FeedbackWork(mc, n / 2, count, c, opt);
   const size_t eb = elem_bytes(e);
   int32_t ticket = start(mc, x.untyped_data(), n * eb, out * eb, std::move(work));
   handle->typed_data()[0] = static_cast<float>(ticket);
@@ -230,15 +276,9 @@ ffi::Error DoneImpl(ffi::Buffer<ffi::F32> handle, ffi::Token, ffi::Result<ffi::A
 }  // namespace mpi
 }  // namespace jaxhc
 
-#define JAXHC_MPI_BIND                      \
-  ffi::Ffi::Bind()                          \
-      .Arg<ffi::AnyBuffer>()                \
-      .Arg<ffi::Token>()                    \
-      .Ret<ffi::AnyBuffer>()                \
-      .Ret<ffi::Buffer<ffi::S32>>()         \
-      .Ret<ffi::Token>()                    \
-      .Attr<int64_t>("comm")                \
-      .Attr<int64_t>("codec")               \
+// The codec attributes every handler but done takes, after "comm" (and start's "op").
+#define JAXHC_MPI_CODEC_ATTRS               \
+  .Attr<int64_t>("codec")                   \
       .Attr<int64_t>("maxbits")             \
       .Attr<int64_t>("dim")                 \
       .Attr<double>("budget")               \
@@ -246,9 +286,28 @@ ffi::Error DoneImpl(ffi::Buffer<ffi::F32> handle, ffi::Token, ffi::Result<ffi::A
       .Attr<int64_t>("block")               \
       .Attr<int64_t>("segment_bytes")
 
+#define JAXHC_MPI_BIND                      \
+  ffi::Ffi::Bind()                          \
+      .Arg<ffi::AnyBuffer>()                \
+      .Arg<ffi::Token>()                    \
+      .Ret<ffi::AnyBuffer>()                \
+      .Ret<ffi::Buffer<ffi::S32>>()         \
+      .Ret<ffi::Token>()                    \
+      .Attr<int64_t>("comm") JAXHC_MPI_CODEC_ATTRS
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiPsum, jaxhc::mpi::PsumImpl, JAXHC_MPI_BIND);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiPsumScatter, jaxhc::mpi::PsumScatterImpl, JAXHC_MPI_BIND);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiAllGather, jaxhc::mpi::AllGatherImpl, JAXHC_MPI_BIND);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiPsumScatterEf, jaxhc::mpi::PsumScatterEfImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm") JAXHC_MPI_CODEC_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiStart, jaxhc::mpi::StartImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
@@ -256,14 +315,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiStart, jaxhc::mpi::StartImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Token>()
                                   .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("op")
-                                  .Attr<int64_t>("codec")
-                                  .Attr<int64_t>("maxbits")
-                                  .Attr<int64_t>("dim")
-                                  .Attr<double>("budget")
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("segment_bytes"));
+                                  .Attr<int64_t>("op") JAXHC_MPI_CODEC_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxhcMpiDone, jaxhc::mpi::DoneImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -286,6 +338,7 @@ NB_MODULE(_jaxhc_mpi, m) {
     d["jaxhc_mpi_psum"] = Capsule(JaxhcMpiPsum);
     d["jaxhc_mpi_psum_scatter"] = Capsule(JaxhcMpiPsumScatter);
     d["jaxhc_mpi_all_gather"] = Capsule(JaxhcMpiAllGather);
+    d["jaxhc_mpi_psum_scatter_ef"] = Capsule(JaxhcMpiPsumScatterEf);
     d["jaxhc_mpi_start"] = Capsule(JaxhcMpiStart);
     d["jaxhc_mpi_done"] = Capsule(JaxhcMpiDone);
     return d;

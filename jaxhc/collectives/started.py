@@ -20,6 +20,7 @@ description of a started call. The calls run in the order they were started, on 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import jax
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 
 from jaxhc.codecs import Codec, CodecLike
 from jaxhc.collectives import _common as c
+from jaxhc.collectives import _feedback as ef
 from jaxhc.collectives import volume
 from jaxhc.transport import current as transport
 
@@ -60,47 +62,62 @@ class Started:
     dtype: object = _static(jnp.float32)
     raw: float = _static(0.0)
     wire: float | None = _static(None)
+    residual: tuple | None = _static(None)  # error feedback: the residual's shape
 
     def like(self, handle: jax.Array) -> Started:
         """The same call's description with `handle` (one of its kind, e.g. a scan's slice)."""
         return replace(self, handle=handle)
 
 
-def can_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None) -> bool:
+def can_start(
+    x, axis_name, *, codec: CodecLike = None, policy=None, kind=None, feedback: bool = False
+) -> bool:
     """Whether `psum_start` / `psum_scatter_start` / `all_gather_start` of `x` (an array or its
     shape and dtype) overlap with what follows them on the current transport (codec chosen as
-    the synchronous call chooses it)."""
+    the synchronous call chooses it); `feedback`: a `psum_scatter_start` with a residual."""
     chosen = c.resolve(x, axis_name, codec, policy, kind)
-    return transport().can_start(chosen, x.dtype, axis_name)
+    t = transport()
+    ok = t.can_start(chosen, x.dtype, axis_name)
+    return ok and (not feedback or t.fused_feedback(chosen, x.dtype, axis_name))
 
 
-def _start(op, x, axis_name, codec, policy, kind, raw, wire=None, shape=None):
-    if not can_start(x, axis_name, codec=codec, policy=policy, kind=kind):
+def _start(op, x, axis_name, codec, policy, kind, raw, wire=None, shape=None, residual=None):
+    feedback = residual is not None
+    if not can_start(x, axis_name, codec=codec, policy=policy, kind=kind, feedback=feedback):
         raise ValueError(
-            f"jaxhc {op} of {x.shape} {x.dtype} over {axis_name!r} cannot be started on the "
-            f"{transport().name} transport (check can_start first)"
+            f"jaxhc {op} of {x.shape} {x.dtype} over {axis_name!r}"
+            + (" with a residual" if feedback else "")
+            + f" cannot be started on the {transport().name} transport (check can_start first)"
         )
     chosen = c.resolve(x, axis_name, codec, policy, kind)
     parts = transport().axis_size(axis_name)
-    handle = transport().start(op, x.reshape(-1), axis_name, chosen)
+    flat = x.reshape(-1)
+    if feedback:  # the engine's one input: the values, then the residual
+        ef.check(x, residual, "psum_scatter_start")
+        flat = jnp.concatenate([flat, residual.reshape(-1)])
+    handle = transport().start(op + ("_ef" if feedback else ""), flat, axis_name, chosen)
     if shape is None:
         shape = (x.shape[0] // parts, *x.shape[1:]) if op == "psum_scatter" else x.shape
-    return Started(handle, op, axis_name, kind, chosen, shape, jnp.dtype(x.dtype), raw, wire)
+    dtype, full = jnp.dtype(x.dtype), tuple(x.shape) if feedback else None
+    return Started(handle, op, axis_name, kind, chosen, shape, dtype, raw, wire, full)
 
 
-def _done(s: Started) -> jax.Array:
-    size = 1
-    for d in s.shape:
-        size *= d
-    out, wire, fell = transport().done(s.handle, size, s.dtype)
-    out = out.reshape(s.shape)
+def _done(s: Started):
+    size = math.prod(s.shape)
+    more = 0 if s.residual is None else math.prod(s.residual)
+    out, wire, fell = transport().done(s.handle, size + more, s.dtype)
+    out, new = out[:size].reshape(s.shape), out[size:]
     if s.codec is None:  # a plain call is recorded with the bytes the plain collective counts
         wire, fell = s.raw if s.wire is None else s.wire, False
-    return c.record(s.axis_name, s.kind, s.raw, wire, fell, anchor=out)
+    out = c.record(s.axis_name, s.kind, s.raw, wire, fell, anchor=out)
+    return out if s.residual is None else (out, new.reshape(s.residual))
 
 
-def psum_scatter_start(x, axis_name, *, codec: CodecLike = None, policy=None, kind=None):
-    """Start ``jaxhc.psum_scatter(x, axis_name, tiled=True, ...)`` (scatter dimension 0)."""
+def psum_scatter_start(
+    x, axis_name, *, codec: CodecLike = None, policy=None, kind=None, residual=None
+):
+    """Start ``jaxhc.psum_scatter(x, axis_name, tiled=True, ...)`` (scatter dimension 0); with
+    `residual` (error feedback, float32 `x`), its done gives (the slice, the new residual)."""
     x = c.as_array(x)
     parts = transport().axis_size(axis_name)
     if x.ndim == 0 or x.shape[0] % parts:
@@ -109,11 +126,12 @@ def psum_scatter_start(x, axis_name, *, codec: CodecLike = None, policy=None, ki
             f"{parts} of {axis_name!r}"
         )
     raw = volume.raw("psum_scatter", parts, c.nbytes(x))
-    return _start("psum_scatter", x, axis_name, codec, policy, kind, raw)
+    return _start("psum_scatter", x, axis_name, codec, policy, kind, raw, residual=residual)
 
 
-def psum_scatter_done(started: Started) -> jax.Array:
-    """This rank's reduced slice of the started `psum_scatter_start`."""
+def psum_scatter_done(started: Started):
+    """This rank's reduced slice of the started `psum_scatter_start` (with a residual: (that
+    slice, the new residual))."""
     return _done(started)
 
 

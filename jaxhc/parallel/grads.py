@@ -79,7 +79,7 @@ def local_loss_and_grads(params, tokens, cfg, mesh_cfg, data="data"):
     return zero.psum_scalar(local, (*axis_tuple(data), "pipe")), grads
 
 
-def overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs):
+def overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs, residual=None):
     """(global loss, this rank's reduced gradient chunk), each layer's gradient reduced over the
     data levels in the backward as soon as it is produced (`layers.layer_reduce`), the shared
     parameters' after it: the chunk `zero.reduce` gives, with the same bits (each call coded as
@@ -88,53 +88,93 @@ def overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs):
     Where the transport can start a layer's first reduce-scatter and finish it later
     (`jaxhc.collectives.started`: the MPI transport's progress threads), the backward only
     starts it, and the layers' reductions are finished after the backward, in the order they
-    were started, so the earlier layers' backward runs while their bytes move."""
+    were started, so the earlier layers' backward runs while their bytes move.
+
+    `residual` (error feedback: every level's residual, innermost first, as the optimizer state
+    holds it): each reduction takes its segment's part of every level's residual (a level's
+    residual is a run of whole pieces: `FlatLayout.split`) and gives its new one, which a value's
+    coding never mixes with another segment's; returns (loss, chunk, the new residual, its
+    padding zeroed as `zero.reduce` leaves it), the bits of `zero.reduce`."""
     layout, shard = plan.layout, plan.shard
     shared = {k: v for k, v in params.items() if k != "blocks"}
+    feedback = residual is not None
+    parts = zero.split_residual(residual, layout.padded, shard) if feedback else []
+    parts = [layout.split(p) for p in parts]  # per level: (shared part, (layers, layer part))
 
-    def reduce_row(flat, scattered=0):
-        return zero.reduce_gradients(flat, layout, shard=shard, scattered=scattered, codecs=codecs)
+    def reduce_row(flat, scattered=0, res=None):
+        return zero.reduce_gradients(flat, layout, res, shard, scattered, codecs)
 
     steps = zero.levels(shard)
     row = jax.ShapeDtypeStruct((layout.layer_padded,), jnp.float32)
     axis = steps[0][0] if steps else None
     codec = codecs.get((axis, "scatter"))
-    start = axis is not None and started.can_start(row, axis, codec=codec, kind="grad")
+    start = axis is not None and started.can_start(
+        row, axis, codec=codec, kind="grad", feedback=feedback
+    )
     begun = {}  # the started calls' description (the same for every layer)
 
-    def start_row(flat):
-        begun["call"] = started.psum_scatter_start(flat, axis, codec=codec, kind="grad")
-        return begun["call"].handle
+    def start_row(flat, res=None):
+        first = None if res is None else res[0]
+        begun["call"] = started.psum_scatter_start(
+            flat, axis, codec=codec, kind="grad", residual=first
+        )
+        return begun["call"].handle if res is None else (begun["call"].handle, None)
+
+    def sync_row(flat, res=None):
+        if res is None:
+            return reduce_row(flat)
+        out, new = reduce_row(flat, res=list(res))
+        return out, tuple(new)
 
     width = 1 if start else layout.layer_padded // shard.grads
     sink = jnp.zeros((layout.layers, width), jnp.float32)
+    layer_res = tuple(p[1] for p in parts)  # per level: (layers, the layer's part)
 
-    def objective(shared, sink):
-        full = {**shared, "blocks": (params["blocks"], sink)}
-        fetch = layer_reduce(layout, start_row if start else reduce_row)
+    def objective(shared, sink, layer_res):
+        blocks = (params["blocks"], sink, layer_res) if feedback else (params["blocks"], sink)
+        fetch = layer_reduce(layout, start_row if start else sync_row)
+        full = {**shared, "blocks": blocks}
         return local_loss(full, tokens, cfg, mesh_cfg, shard.data_axis, fetch)
 
-    local, (g, layers) = jax.value_and_grad(objective, argnums=(0, 1))(shared, sink)
-    g = reduce_row(layout.shared_flat(sum_shared(g, shard.axes)))
+    argnums = (0, 1, 2) if feedback and not start else (0, 1)
+    local, grads = jax.value_and_grad(objective, argnums=argnums)(shared, sink, layer_res)
+    g, layers, new_layers = (*grads, None)[:3]
+    flat = layout.shared_flat(sum_shared(g, shard.axes))
+    if feedback:
+        g, new_shared = reduce_row(flat, res=[p[0] for p in parts])
+    else:
+        g = reduce_row(flat)
     if start:  # the last layer's was started first
         call = begun["call"]
 
-        def finish(_, handle):
-            return None, reduce_row(started.psum_scatter_done(call.like(handle)), 1)
+        def finish(_, xs):
+            if not feedback:
+                return None, reduce_row(started.psum_scatter_done(call.like(xs)), 1)
+            handle, rest = xs
+            mine, first = started.psum_scatter_done(call.like(handle))
+            out, new = reduce_row(mine, 1, list(rest))
+            return None, (out, (first, *new))
 
-        layers = lax.scan(finish, None, layers, reverse=True)[1]
+        xs = (layers, layer_res[1:]) if feedback else layers
+        layers = lax.scan(finish, None, xs, reverse=True)[1]
+        if feedback:
+            layers, new_layers = layers
     loss = zero.psum_scalar(local, (*axis_tuple(shard.data_axis), "pipe"))
-    return loss, layout.join(g, layers)
+    if not feedback:
+        return loss, layout.join(g, layers)
+    new = [layout.join(a, b) for a, b in zip(new_shared, new_layers, strict=True)]
+    return loss, layout.join(g, layers), zero.unpadded_residual(jnp.concatenate(new), layout, shard)
 
 
 def overlaps(plan: Plan, fidelity_every: int = 0, codecs=None) -> bool:
     """Whether the train step can reduce the gradients layer by layer in the backward
     (`train.overlap`) with the bits of the whole vector's reduction: parameters not sharded
     (sharded ones are reduced in their gathers' backward), one micro-batch (the reductions would
-    otherwise run once per micro-batch), no error-feedback residuals, no fidelity sampling (it
-    needs the unreduced gradients), and every lossy codec of the reduction (`codecs`:
-    `zero.whole_codecs`) coding a segment's values as the whole vector's (the pieces' `align` a
-    multiple of its `segment_values`)."""
+    otherwise run once per micro-batch), no fidelity sampling (it needs the unreduced
+    gradients), error-feedback residuals only without the policy's ``keep_own`` (under
+    `jaxhc.context`), and every lossy codec of the reduction (`codecs`: `zero.whole_codecs`)
+    coding a segment's values as the whole vector's (the pieces' `align` a multiple of its
+    `segment_values`)."""
     align = plan.layout.align
     cut = all(
         c is None or c.lossless or (c.segment_values and align % c.segment_values == 0)
@@ -144,9 +184,15 @@ def overlaps(plan: Plan, fidelity_every: int = 0, codecs=None) -> bool:
         cut
         and not plan.sharded_params
         and plan.mesh_cfg.microbatches == 1
-        and not plan.error_feedback
+        and not (plan.error_feedback and _keeps_own(plan))
         and fidelity_every == 0
     )
+
+
+def _keeps_own(plan: Plan) -> bool:
+    policy = context.policy()
+    axes = plan.shard.axes if plan.shard else ("data",)
+    return policy is not None and any(policy.keep_own(a) for a in axes)
 
 
 def sum_shared(grads, data=("data",)):

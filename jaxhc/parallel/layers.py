@@ -98,20 +98,28 @@ def layer_reduce(layout: FlatLayout, reduce_row: Callable) -> Callable:
     layer's reduction is thus issued as soon as the backward has produced its gradient, while
     the earlier layers' backward is still to run, and the segments' reductions joined give the
     whole vector's bits (a segment's pieces are whole codec blocks). One micro-batch only: the
-    sinks' cotangents of several would be added after their reductions."""
+    sinks' cotangents of several would be added after their reductions.
+
+    Error feedback: ``xs = (params, sink, residuals)`` (the layer's parts of the levels'
+    residuals); ``reduce_row(row, residuals)`` then gives (the sink's cotangent, the residuals'
+    cotangent: the new residuals, or None where a started call gives them at its done)."""
 
     def fetch(layer, h, xs):
         @jax.custom_vjp
-        def run(h, params, sink):
+        def run(h, params, sink, *residuals):
             return layer(params, h)
 
-        def fwd(h, params, sink):
-            return jax.vjp(layer, params, h)
+        def fwd(h, params, sink, *residuals):
+            out, pullback = jax.vjp(layer, params, h)
+            return out, (pullback, residuals)
 
-        def bwd(pullback, ct):
+        def bwd(saved, ct):
+            pullback, residuals = saved
             ct_params, ct_h = pullback(ct)
             row = layout.layer_flat(jax.tree.map(lambda x: x[None], ct_params))[0]
-            return ct_h, None, reduce_row(row)
+            if not residuals:
+                return ct_h, None, reduce_row(row)
+            return ct_h, None, *reduce_row(row, *residuals)
 
         run.defvjp(fwd, bwd)
         return run(h, *xs)

@@ -117,10 +117,13 @@ def per_shard_train_step(
         elif overlap and shard_grads.overlaps(
             plan, fidelity_every, codecs := zero.whole_codecs(layout, shard)
         ):
-            loss, g = shard_grads.overlapped_loss_and_grads(
-                params, tokens, model_cfg, mesh_cfg, plan, codecs
+            residual = before.get("residual")
+            got = shard_grads.overlapped_loss_and_grads(
+                params, tokens, model_cfg, mesh_cfg, plan, codecs, residual
             )
-            opt_state, local = before, None
+            loss, g = got[:2]
+            opt_state = before if residual is None else {**before, "residual": got[2]}
+            local = None
         else:
             loss, local = shard_grads.local_loss_and_grads(
                 params, tokens, model_cfg, mesh_cfg, shard.data_axis

@@ -24,7 +24,8 @@ class TrainConfig:
     `jaxhc.parallel.fidelity`); 0 (default) never, as it costs a second reduction.
     ``overlap``: reduce each layer's gradients in the backward as soon as they are produced,
     while the earlier layers' backward runs, where the step can (`jaxhc.parallel.grads.overlaps`:
-    unsharded parameters, one micro-batch, no error feedback, no fidelity sampling); the same
+    unsharded parameters, one micro-batch, no fidelity sampling, error feedback only without
+    ``keep_own``); the same
     bits either way. On the MPI transport the backward only starts each layer's reduction on the
     engine's progress thread (`jaxhc.collectives.started`), so its bytes move while the earlier
     layers' backward computes; ``JAXHC_MPI_ASYNC=0`` keeps the calls on the calling thread.

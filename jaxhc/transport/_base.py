@@ -62,6 +62,15 @@ class Transport(abc.ABC):
         """rows (P, m): (this rank's reduced row, wire bytes, fell back)."""
         raise NotImplementedError
 
+    def fused_feedback(self, codec, dtype, axis_name) -> bool:
+        """Whether `fused_psum_scatter_feedback` takes this call (error feedback fused)."""
+        return False
+
+    def fused_psum_scatter_feedback(self, rows: jax.Array, residual: jax.Array, axis_name, codec):
+        """rows, residual (P, m) float32: (this rank's reduced row of rows + residual, the new
+        residual (P, m), wire bytes, fell back), as `jaxhc.psum_scatter(..., residual=)`."""
+        raise NotImplementedError
+
     def fused_all_gather(self, x: jax.Array, axis_name, codec):
         """((P, *x.shape) every rank's decoded x, wire bytes, fell back)."""
         raise NotImplementedError

@@ -57,17 +57,17 @@ def _primitive(name, abstract, attrs):
     prim = Primitive(name)
     prim.multiple_results = True
 
-    def lowering(ctx, x, **params):
+    def lowering(ctx, *args, **params):
         token = get_token_effect(ctx, ordered_effect)
         ctx_t = ctx.replace(
             avals_in=(*ctx.avals_in, abstract_token), avals_out=(*ctx.avals_out, abstract_token)
         )
         rule = jax.ffi.ffi_lowering(name, has_side_effect=True)
-        *results, token = rule(ctx_t, x, token, **attrs(**params))
+        *results, token = rule(ctx_t, *args, token, **attrs(**params))
         set_token_effect(ctx, ordered_effect, token)
         return results
 
-    prim.def_effectful_abstract_eval(lambda x, **p: (abstract(x, **p), {ordered_effect}))
+    prim.def_effectful_abstract_eval(lambda *a, **p: (abstract(*a, **p), {ordered_effect}))
     prim.def_impl(functools.partial(jax._src.dispatch.apply_primitive, prim))
     mlir.register_lowering(prim, lowering, platform="cpu")
     return prim
@@ -121,6 +121,17 @@ def _primitives():
     )
 
 
+@functools.cache
+def _feedback_primitive():
+    """The psum_scatter with error feedback (``jaxhc_mpi_psum_scatter_ef``), built on first use."""
+
+    def abstract(x, residual, *, parts, **_):
+        mine = jax.core.ShapedArray((x.shape[0] // parts,), x.dtype)
+        return mine, jax.core.ShapedArray(residual.shape, jnp.float32), _STATS
+
+    return _primitive("jaxhc_mpi_psum_scatter_ef", abstract, _codec_attrs)
+
+
 def _params(flat, comm, codec: Codec | None) -> dict:
     from mpi4jax._src.utils import to_mpi_handle
 
@@ -157,6 +168,35 @@ def psum_scatter(rows_flat, comm, codec: Codec | None):
     return _bind(1, rows_flat, comm, codec)
 
 
+def feedback_supported(codec: Codec | None, dtype) -> bool:
+    """Whether `psum_scatter_feedback` takes this codec and dtype (float32, a codec the engine
+    fuses, a build that has the call)."""
+    return (
+        codec is not None
+        and jnp.dtype(dtype) == jnp.float32
+        and supports(codec, dtype)
+        and _has_feedback()
+    )
+
+
+@functools.cache
+def _has_feedback() -> bool:
+    return "jaxhc_mpi_psum_scatter_ef" in _native.mpi.registrations()
+
+
+def psum_scatter_feedback(rows_flat, residual_flat, comm, codec: Codec):
+    """`psum_scatter` with error feedback, in one native pass: (this rank's reduced row, the new
+    residual (as `rows_flat`), wire bytes sent, fell back). Each rank sends ``rows_flat +
+    residual_flat`` and keeps what the codec lost of it, computed segment by segment as the
+    segments are encoded (ffi/mpi/engine.h, Options): the unfused algorithm's values and
+    residuals, bit for bit."""
+    y, new, stats = _feedback_primitive().bind(
+        rows_flat, residual_flat, **_params(rows_flat, comm, codec)
+    )
+    y, wire, fell = _traffic(y, stats)
+    return y, new, wire, fell
+
+
 def all_gather(flat, comm, codec: Codec | None):
     """Every rank's 1-D `flat`, laid end to end in rank order."""
     return _bind(2, flat, comm, codec)
@@ -174,12 +214,14 @@ def outstanding() -> int:
     return _native.mpi.outstanding() if available() else 0
 
 
-OPS = {"psum": 0, "psum_scatter": 1, "all_gather": 2}
+OPS = {"psum": 0, "psum_scatter": 1, "all_gather": 2, "psum_scatter_ef": 3}
 
 
 def start(op: str, flat, comm, codec: Codec | None) -> jax.Array:
-    """Start `op` ("psum", "psum_scatter" or "all_gather", as the functions above) of the 1-D
-    `flat` on `comm`, which nothing else may use until it is done (the MPI transport's async
+    """Start `op` ("psum", "psum_scatter" or "all_gather", as the functions above, or
+    "psum_scatter_ef": `psum_scatter_feedback` of the values and the residual laid end to end,
+    its done giving the reduced row and the new residual end to end) of the 1-D `flat` on
+    `comm`, which nothing else may use until it is done (the MPI transport's async
     communicators): the handle (float32 [1]) that `done` takes. The call runs on `comm`'s
     progress thread, in the order of its starts, while the program goes on."""
     params = _params(flat, comm, codec)

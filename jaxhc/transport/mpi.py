@@ -106,6 +106,16 @@ class MpiTransport(Transport):
     def fused_psum_scatter(self, rows, axis_name, codec):
         return _mpi_fused.psum_scatter(rows.reshape(-1), self.grid.comm(axis_name), codec)
 
+    def fused_feedback(self, codec, dtype, axis_name) -> bool:
+        return self.axis_size(axis_name) > 1 and _mpi_fused.feedback_supported(codec, dtype)
+
+    def fused_psum_scatter_feedback(self, rows, residual, axis_name, codec):
+        comm = self.grid.comm(axis_name)
+        y, new, wire, fell = _mpi_fused.psum_scatter_feedback(
+            rows.reshape(-1), residual.reshape(-1), comm, codec
+        )
+        return y, new.reshape(rows.shape), wire, fell
+
     def fused_all_gather(self, x, axis_name, codec):
         y, wire, fell = _mpi_fused.all_gather(x.reshape(-1), self.grid.comm(axis_name), codec)
         return y.reshape((self.axis_size(axis_name),) + x.shape), wire, fell
