@@ -124,7 +124,8 @@ def run(args) -> dict:
     default = "train_links_peer" if args.peer_only else f"train_links{'_xla' if xla else ''}"
     out = Path(args.out or f"bench/results/{default}.json")
     sub = "peer" if args.peer_only else "train"
-    result = {"command": " ".join([sys.executable, "-m", "bench.links", sub, *sys.argv[2:]])}
+    python = os.path.relpath(sys.executable)  # .venv/bin/python from the repository
+    result = {"command": " ".join([python, "-m", "bench.links", sub, *sys.argv[2:]])}
     result.update(
         config=args.config, rate=",".join(plan["rates"]), rates=plan["rates"],
         transport=args.transport, overrides=args.overrides, skip_steps=SKIP_STEPS,
