@@ -72,8 +72,15 @@ def _feedback(name, **axes) -> jaxhc.Policy:
     [
         (MeshConfig(2, 2, 2), _feedback("q4ef", tensor="mpc", pipe="mpc")),
         pytest.param(MeshConfig(4, shard=DDP), _feedback("q4ef-ddp"), marks=pytest.mark.slow),
+        pytest.param(  # blocks of 1024 values: the layout's pieces are whole blocks of them
+            MeshConfig(4),
+            jaxhc.Policy.from_dict(
+                {"name": "q4-1024", "axes": {"data": {**_EF, "codec": "q4:b1024:h"}}}
+            ),
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["zero1-2x2x2-q4h-ef", "ddp-4-q4h-ef"],
+    ids=["zero1-2x2x2-q4h-ef", "ddp-4-q4h-ef", "zero1-4-q4b1024h-ef"],
 )
 def test_overlapped_reduction_with_error_feedback_gives_the_same_bits(mesh_cfg, policy):
     """With error-feedback residuals each layer's reduction takes its part of the residual and
@@ -120,6 +127,10 @@ def test_the_step_keeps_the_reduction_after_the_backward_where_it_must():
     assert not overlaps(plain, 2, zfp)
     assert not overlaps(plain, 0, {("data", "scatter"): jaxhc.codecs.parse("q8:sr")})
     assert not overlaps(plain, 0, {("data", "scatter"): jaxhc.codecs.parse("q8:b1024")})
+    q8_1024 = jaxhc.Policy.from_dict({"name": "q8-1024", "axes": {"data": "q8:b1024"}})
+    with jaxhc.context.use(policy=q8_1024):  # a layout of whole blocks of 1024 values
+        b1024 = {("data", "scatter"): jaxhc.codecs.parse("q8:b1024")}
+        assert overlaps(Plan(CFG, MeshConfig(4), OPTIM, q8_1024), 0, b1024)
     assert overlaps(plain, 0, {("data", "scatter"): jaxhc.codecs.parse("mpc")})
     keep_own = jaxhc.Policy.from_dict(
         {"name": "own", "axes": {"data": {**_EF, "keep_own": True}}, "min_bytes": 0}
