@@ -103,13 +103,20 @@ def scatter(x, axis_name, dim, tiled, codec: Codec | None, kind, vma):
 def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=None):
     """This rank's reduced slice; with `residual` (error feedback), (that slice, new residual)."""
     feedback = residual is not None
-    if feedback and kind == "grad" and transport().fused_feedback(codec, x.dtype, axis_name):
-        return _scatter_feedback_fused(x, axis_name, dim, tiled, codec, kind, residual)
-    y, send = ef.carry(x, residual) if feedback else (None, x)
+    t = transport()
+    # Error feedback in one native call (the MPI transport: the carry, the coding, the wire and
+    # the new residual in one pass over the segments; the same values), for gradient
+    # reduce-scatters only (``kind="grad"``: the trainer's, whose residual is a train state input
+    # and whose values come from dots and sums): the native add matches XLA's carry when both
+    # operands exist as arrays, but XLA:CPU computes a value in one fusion with its consumer
+    # differently (a product contracted into the add, a vectorized transcendental: 2 of 256
+    # residual values from an in-program ``0.01 * sin(x)``), so other calls keep the unfused
+    # algorithm, XLA's bits whatever computed their operands.
+    fused_feedback = feedback and kind == "grad" and t.fused_feedback(codec, x.dtype, axis_name)
+    y, send = ef.carry(x, residual) if feedback and not fused_feedback else (None, x)
     if codec is None:
         out = scatter_plain(send, axis_name, dim, tiled, kind)
         return (out, ef.kept(y, send)) if feedback else out
-    t = transport()
     parts = t.axis_size(axis_name)
     raw = volume.raw("psum_scatter", parts, c.nbytes(x))
     agree = volume.agreement(codec, parts)
@@ -122,6 +129,11 @@ def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=No
         reduced = reduced.reshape(chunk_shape)
         return jnp.moveaxis(reduced, 0, dim) if tiled else reduced
 
+    if fused_feedback:
+        kept = jnp.moveaxis(residual, dim, 0).reshape(parts, size)
+        mine, new, wire, fell = t.fused_psum_scatter_feedback(rows, kept, axis_name, codec)
+        out = c.record(axis_name, kind, raw, wire, fell, anchor=arrange(mine))
+        return out, jnp.moveaxis(new.reshape(moved.shape), 0, dim)
     if not feedback and t.fused(codec, x.dtype, axis_name):
         mine, wire, fell = t.fused_psum_scatter(rows, axis_name, codec)
         return c.record(axis_name, kind, raw, wire, fell, anchor=arrange(mine))
@@ -145,28 +157,3 @@ def scatter_run(x, axis_name, dim, tiled, codec: Codec | None, kind, residual=No
 
     out, new = c.guarded(ok, axis_name, codec, compressed, plain)
     return (out, new) if feedback else out
-
-
-def _scatter_feedback_fused(x, axis_name, dim, tiled, codec: Codec, kind, residual):
-    """`scatter_run` with error feedback in one native call (the MPI transport): the carry, the
-    coding, the wire and the new residual in one pass over the segments; the same values.
-
-    Gradient reduce-scatters only (``kind="grad"``: the trainer's, whose residual is a train state
-    input and whose values come from dots and sums): the native add matches XLA's carry when
-    both operands exist as arrays, but XLA:CPU computes a value in one fusion with its consumer
-    differently (a product contracted into the add, a vectorized transcendental: 2 of 256
-    residual values from an in-program ``0.01 * sin(x)``), so other calls keep the unfused
-    algorithm, XLA's bits whatever computed their operands."""
-    t = transport()
-    parts = t.axis_size(axis_name)
-    raw = volume.raw("psum_scatter", parts, c.nbytes(x))
-    moved, kept = jnp.moveaxis(x, dim, 0), jnp.moveaxis(residual, dim, 0)
-    size = moved.size // parts
-    chunk_shape = (moved.shape[0] // parts,) + moved.shape[1:] if tiled else moved.shape[1:]
-    mine, new, wire, fell = t.fused_psum_scatter_feedback(
-        moved.reshape(parts, size), kept.reshape(parts, size), axis_name, codec
-    )
-    mine = mine.reshape(chunk_shape)
-    out = jnp.moveaxis(mine, 0, dim) if tiled else mine
-    c.record(axis_name, kind, raw, wire, fell, anchor=out)
-    return out, jnp.moveaxis(new.reshape(moved.shape), 0, dim)
