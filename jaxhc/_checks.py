@@ -22,18 +22,6 @@ def whole_number(key: str, value, least: int = 1) -> None:
         raise ValueError(f"{key}={value!r} must be {need}")
 
 
-def read_yaml(path):
-    """The YAML document in the file `path`; a syntax error or undecodable bytes are one
-    ValueError line naming the file (and line:column)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    return yaml_value(text, str(path), marks=True)
-
-
 def read_json(path, missing: str):
     """The JSON document in the file `path`; `missing` is the error when there is no such file.
     An unreadable file or invalid JSON is one ValueError line naming the file."""
@@ -50,18 +38,3 @@ def read_json(path, missing: str):
         return json.loads(raw)
     except ValueError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
-
-
-def yaml_value(text: str, where: str, marks: bool = False):
-    """`text` read as YAML; a syntax error is one ValueError line starting with `where` (with
-    the error's line:column when `marks`)."""
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        if mark is not None and marks:
-            where = f"{where}:{mark.line + 1}:{mark.column + 1}"
-        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
-        raise ValueError(f"{where}: not valid YAML ({problem})") from None

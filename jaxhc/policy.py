@@ -68,7 +68,6 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxhc._checks import read_yaml
 from jaxhc.codecs import Codec, Quant
 from jaxhc.partition import parent_axis
 from jaxhc.policy_axis import (
@@ -83,7 +82,7 @@ from jaxhc.policy_axis import (
 )
 from jaxhc.policy_axis import MPC_BUDGET as MPC_BUDGET  # the presets' MPC budget
 from jaxhc.policy_presets import PRESETS
-from jaxhc.schema import structure
+from jaxhc.schema import read_yaml, structure
 
 __all__ = ["DTYPES", "KINDS", "PRESETS", "AxisPolicy", "Policy", "PolicyKeys"]
 

@@ -31,7 +31,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-__all__ = ["Invalid", "merged", "structure"]
+__all__ = ["Invalid", "merged", "read_yaml", "structure", "yaml_value"]
 
 T = TypeVar("T")
 
@@ -288,3 +288,45 @@ def _message(error: BaseException, path: tuple, kind: str | None) -> str | None:
     if isinstance(error, ValueError):
         return str(error)
     return None
+
+
+def read_yaml(path):
+    """The YAML document in the file `path`; a syntax error or undecodable bytes are one
+    ValueError line naming the file (and line:column).
+
+    >>> import os, tempfile
+    >>> from jaxhc.schema import read_yaml
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+    ...     _ = f.write("mesh: {data: 2")
+    >>> read_yaml(f.name)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: ....yaml:1:15: not valid YAML (...)
+    >>> os.remove(f.name)
+    """
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    return yaml_value(text, str(path), marks=True)
+
+
+def yaml_value(text: str, where: str, marks: bool = False):
+    """`text` read as YAML; a syntax error is one ValueError line starting with `where` (with
+    the error's line:column when `marks`).
+
+    >>> from jaxhc.schema import yaml_value
+    >>> yaml_value("data: 2", "--mesh")
+    {'data': 2}
+    """
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None and marks:
+            where = f"{where}:{mark.line + 1}:{mark.column + 1}"
+        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+        raise ValueError(f"{where}: not valid YAML ({problem})") from None

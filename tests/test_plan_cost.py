@@ -270,7 +270,8 @@ def test_fused_mpi_calls_pipeline_codec_and_wire():
     )
     scatter = Comm("data", "grad", "psum_scatter", 4, 16, n, 4, 1, zfp, fused=True)
     assert [op for op, _, _ in scatter.legs()] == ["psum_scatter", "psum"]  # its agreement
-    # which calls fuse: ZFP/MPC/q8 on the MPI transport, no error feedback, not q8:sr nor ppermute
+    # which calls fuse: ZFP/MPC/q8 on the MPI transport (error feedback's reduce-scatters too),
+    # not q8:sr nor ppermute
     lay = Layout(16, 1, 1, 1, 1, 16, 16, (4, 16), codec="zfp:8", transport="mpi")
     comms = collectives(SHAPE, lay, 64, 16, CLUSTER)
     inside, across = (False, "psum_scatter"), (True, "all_gather")  # inside a node: no codec
@@ -281,7 +282,7 @@ def test_fused_mpi_calls_pipeline_codec_and_wire():
         jaxhc.Policy.from_dict({"name": "ef", "min_bytes": 0, "axes": {"data": ef}})
     )
     grads = [c for c in collectives(SHAPE, lay, 64, 16, CLUSTER, ef) if c.kind == "grad"]
-    assert [(c.fused, c.codec is not None) for c in grads] == [(False, True), (False, True)]
+    assert [(c.fused, c.feedback, c.codec is not None) for c in grads] == [(True, True, True)] * 2
     q8 = dataclasses.replace(lay, codec="q8")
     assert [c.fused for c in collectives(SHAPE, q8, 64, 16, CLUSTER)] == [c[0] for c in fused]
     q8sr = dataclasses.replace(lay, codec="q8:sr")  # draws keyed by a value's index in the row

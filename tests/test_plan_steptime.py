@@ -14,7 +14,13 @@ from _gpt import CFG
 from jaxhc.model import gpt
 from jaxhc.plan import cluster as clusters
 from jaxhc.plan.comm import comm_time
-from jaxhc.plan.cost import codec_by_spec, collectives
+from jaxhc.plan.cost import (
+    codec_by_policy,
+    codec_by_spec,
+    collectives,
+    error_feedback,
+    keeps_own,
+)
 from jaxhc.plan.layout import Layout, device_params, device_segments
 from jaxhc.plan.search import search
 from jaxhc.plan.shapes import LLAMA, from_gpt
@@ -26,6 +32,7 @@ from jaxhc.plan.steptime import (
     pass_time,
     step_time,
 )
+from jaxhc.policy import Policy
 
 SHAPE = from_gpt("tiny", CFG)
 LINK = {"gbit_s": 1, "latency_us": 20}
@@ -144,14 +151,44 @@ def test_jaxhc_hides_nothing_where_the_step_does_not_overlap(change):
     assert t.seconds == pytest.approx(t.compute.total + t.comm)
 
 
-def test_jaxhc_sharded_parameters_and_error_feedback_hide_nothing():
+def test_jaxhc_sharded_parameters_hide_nothing():
     lay = Layout(4, 1, 1, 1, 2, 2, 4, (2, 4), transport="mpi")
     cluster = hosts()
     comms = collectives(SHAPE, lay, 8, CFG.block_size, cluster)
     assert step_time(SHAPE, lay, 8, CFG.block_size, cluster, comms).hidden == 0
-    lay = Layout(4, 1, 1, 1, 1, 4, 4, (4,), transport="mpi")
-    comms = collectives(SHAPE, lay, 8, CFG.block_size, cluster)
-    assert step_time(SHAPE, lay, 8, CFG.block_size, cluster, comms, feedback=True).hidden == 0
+
+
+def _feedback(codec: str, **flags):
+    """A policy with error feedback on "data" under `codec` (`flags`: keep_own)."""
+    data = {"codec": codec, "error_feedback": True, **flags}
+    return codec_by_policy(Policy.from_dict({"name": "ef", "min_bytes": 0, "axes": {"data": data}}))
+
+
+@pytest.mark.parametrize("codec", ["zfp:8", "q8"])
+def test_jaxhc_hides_the_fused_error_feedback_scatters(codec):
+    """Error feedback on MPI: the trainer fuses the gradient reduce-scatter with its residual
+    (`MpiTransport.fused_feedback`) and starts it in the backward as without (`train.overlap`):
+    the same hiding as the codec without error feedback; with ``keep_own`` the trainer does not
+    overlap; a residual without a codec has no native call to start."""
+    lay = Layout(4, 1, 1, 1, 1, 4, 4, (4,), codec=codec, transport="mpi")
+    cluster, seq = hosts(), CFG.block_size
+    ef = _feedback(codec)
+    assert error_feedback(lay, cluster, ef) and not keeps_own(lay, cluster, ef)
+    comms = collectives(SHAPE, lay, 8, seq, cluster, ef)
+    assert [(c.op, c.feedback, c.fused) for c in comms if c.kind == "grad"] == [
+        ("psum_scatter", True, True)
+    ]
+    plain = collectives(SHAPE, lay, 8, seq, cluster, codec_by_spec(codec))
+    assert [dataclasses.replace(c, feedback=False) for c in comms] == plain
+    with_ef, without = (step_time(SHAPE, lay, 8, seq, cluster, c) for c in (comms, plain))
+    assert with_ef == without and with_ef.hidden > 0
+    own = _feedback(codec, keep_own=True)
+    assert keeps_own(lay, cluster, own)
+    kept = collectives(SHAPE, lay, 8, seq, cluster, own)
+    t = step_time(SHAPE, lay, 8, seq, cluster, kept, keeps_own=True)
+    assert t.hidden == 0 and t.comm == comm_time(kept, cluster)
+    unfused = [dataclasses.replace(c, codec=None, fused=False) for c in comms]
+    assert step_time(SHAPE, lay, 8, seq, cluster, unfused).hidden == 0  # a plain residual call
 
 
 def test_amsp_prefetches_gathers_and_hides_reductions():

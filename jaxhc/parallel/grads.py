@@ -30,6 +30,8 @@ __all__ = [
     "local_loss",
     "local_loss_and_grads",
     "loss_and_grads",
+    "can_overlap",
+    "keeps_own",
     "overlapped_loss_and_grads",
     "overlaps",
     "paired",
@@ -168,30 +170,42 @@ def overlapped_loss_and_grads(params, tokens, cfg, mesh_cfg, plan, codecs, resid
 
 def overlaps(plan: Plan, fidelity_every: int = 0, codecs=None) -> bool:
     """Whether the train step can reduce the gradients layer by layer in the backward
-    (`train.overlap`) with the bits of the whole vector's reduction: parameters not sharded
-    (sharded ones are reduced in their gathers' backward), one micro-batch (the reductions would
-    otherwise run once per micro-batch), no fidelity sampling (it needs the unreduced
-    gradients), error-feedback residuals only without the policy's ``keep_own`` (under
-    `jaxhc.context`), and every lossy codec of the reduction (`codecs`: `zero.whole_codecs`)
-    coding a segment's values as the whole vector's (the pieces' `align` a multiple of its
-    `segment_values`)."""
+    (`train.overlap`) with the bits of the whole vector's reduction: `can_overlap` for `plan`,
+    the policy of `jaxhc.context` and every lossy codec of the reduction (`codecs`:
+    `zero.whole_codecs`) coding a segment's values as the whole vector's (the pieces' `align` a
+    multiple of its `segment_values`)."""
     align = plan.layout.align
     cut = all(
         c is None or c.lossless or (c.segment_values and align % c.segment_values == 0)
         for c in (codecs or {}).values()
     )
-    return (
-        cut
-        and not plan.sharded_params
-        and plan.mesh_cfg.microbatches == 1
-        and not (plan.error_feedback and _keeps_own(plan))
-        and fidelity_every == 0
-    )
-
-
-def _keeps_own(plan: Plan) -> bool:
-    policy = context.policy()
     axes = plan.shard.axes if plan.shard else ("data",)
+    own = plan.error_feedback and keeps_own(context.policy(), axes)
+    return can_overlap(plan.sharded_params, plan.mesh_cfg.microbatches, own, fidelity_every, cut)
+
+
+def can_overlap(
+    sharded_params: bool,
+    microbatches: int,
+    keeps_own: bool = False,
+    fidelity_every: int = 0,
+    cut: bool = True,
+) -> bool:
+    """The rule of `overlaps` on a plan's facts (the planner asks it too: `jaxhc.plan.steptime`):
+    parameters not sharded (sharded ones are reduced in their gathers' backward), one
+    micro-batch (the reductions would otherwise run once per micro-batch), no fidelity sampling
+    (it needs the unreduced gradients), error-feedback residuals only without the policy's
+    ``keep_own`` (`keeps_own`), and the reduction's codecs cut at segments (`cut`).
+
+    >>> can_overlap(sharded_params=False, microbatches=1), can_overlap(False, 1, keeps_own=True)
+    (True, False)
+    """
+    return cut and not sharded_params and microbatches == 1 and not keeps_own and not fidelity_every
+
+
+def keeps_own(policy, axes) -> bool:
+    """Whether `policy` adds each rank's own slice uncoded (``keep_own``) in the error-feedback
+    gradient reduce-scatters over any of the data (sub-)axes `axes`."""
     return policy is not None and any(policy.keep_own(a) for a in axes)
 
 

@@ -272,7 +272,7 @@ def _table(table: TableKeys | None, per_node: int | None, key: str, where: str) 
 
 
 def load(path: str) -> Cluster:
-    from jaxhc._checks import read_yaml
+    from jaxhc.schema import read_yaml
 
     if not os.path.exists(path):
         raise ValueError(f"--cluster {path!r} does not exist")

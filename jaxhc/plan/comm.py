@@ -14,8 +14,9 @@ latency and bandwidth for that group size (measured by `jaxhc profile --links`),
 nodes its group spans (in place of ``links.inter``: `Cluster.inter_link`); under
 ``schedule.latency: crossing`` a ring across nodes pays the inter-node latency only for its
 node-crossing steps (`Comm.latency`: NCCL's ring latency model). On the MPI transport
-(``Layout.transport``) a ZFP or MPC psum, reduce-scatter or all-gather without error feedback
-is one fused native call: its segments of `MpiTransport.SEGMENT_BYTES` raw bytes are
+(``Layout.transport``) a psum, reduce-scatter or all-gather under a codec the native engine
+fuses (a gradient reduce-scatter with error feedback included; `native`, the runtime's rule) is
+one fused native call: its segments of `MpiTransport.SEGMENT_BYTES` raw bytes are
 encoded, sent and decoded in a pipeline, so its wire time W and codec time C give
 max(W, C) + min(W, C) / S for S segments of a rank's chunk (a two-stage pipeline of equal
 segments), and its flags travel in the messages (only the reduce-scatter, whose ranks see only
@@ -37,7 +38,7 @@ from jaxhc.collectives import volume
 from jaxhc.plan.cluster import Cluster, Link
 from jaxhc.transport import MpiTransport
 
-__all__ = ["Comm", "comm_bytes", "comm_time", "dtype_of", "wire_bytes"]
+__all__ = ["Comm", "comm_bytes", "comm_time", "dtype_of", "native", "wire_bytes"]
 
 RING_OPS = ("psum", "psum_scatter", "all_gather", "broadcast")  # ring passes over the group
 
@@ -61,6 +62,7 @@ class Comm:
     # layer), "reduce" (gradients), "exchange" (parameters after the update), "" (activations,
     # the pipeline's end stages' gradient pair: inside the layers or after the backward)
     role: str = ""
+    feedback: bool = False  # it carries an error-feedback residual (a gradient reduce-scatter)
 
     @property
     def raw(self) -> float:
@@ -147,6 +149,20 @@ class Comm:
             segments = max(1, math.ceil(chunk / MpiTransport.SEGMENT_BYTES))
             return self.count * (latency + max(wire, codec) + min(wire, codec) / segments)
         return self.count * (latency + wire + codec)
+
+
+def native(transport: str, codec, op: str, itemsize: int, feedback: bool = False) -> bool:
+    """Whether `transport` runs the call as one native call of the MPI engine (a plain one
+    without a codec), which it can also start (`jaxhc.collectives.started`): the runtime's rule,
+    `MpiTransport.fuses`. A compressed one is `Comm.fused`.
+
+    >>> from jaxhc.codecs import parse
+    >>> [native("mpi", parse("zfp:8"), "psum_scatter", 4, ef) for ef in (False, True)]
+    [True, True]
+    >>> native("mpi", None, "psum_scatter", 4, feedback=True), native("xla", None, "psum", 4)
+    (False, False)
+    """
+    return transport == "mpi" and MpiTransport.fuses(codec, dtype_of(itemsize), op, feedback)
 
 
 def dtype_of(itemsize: int):

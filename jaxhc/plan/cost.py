@@ -68,13 +68,12 @@ communication it hides, `jaxhc.plan.steptime`'s.
 from __future__ import annotations
 
 import dataclasses
-
-import jax.numpy as jnp
+import functools
 
 from jaxhc.codecs import parse
 from jaxhc.parallel.grads import pairs
 from jaxhc.plan.cluster import Cluster
-from jaxhc.plan.comm import Comm, dtype_of
+from jaxhc.plan.comm import Comm, dtype_of, native
 from jaxhc.plan.layout import (
     PRECISIONS,
     Layout,
@@ -85,7 +84,6 @@ from jaxhc.plan.layout import (
 from jaxhc.plan.memory import amsp_bytes, flat_bytes
 from jaxhc.plan.shapes import ModelShape
 from jaxhc.plan.steps import data_steps
-from jaxhc.transport import MpiTransport
 
 __all__ = [
     "Memory",
@@ -93,6 +91,8 @@ __all__ = [
     "codec_by_spec",
     "collectives",
     "crosses_nodes",
+    "error_feedback",
+    "keeps_own",
     "memory",
     "spec_axes",
     "spec_policy",
@@ -176,8 +176,11 @@ def spec_policy(spec: str, lay: Layout, cluster: Cluster) -> dict | None:
     codec = parse(spec)
     if codec is None or codec.spec == "none":
         return None
-    axes = dict.fromkeys(spec_axes(lay, cluster), spec)
-    return {"name": "plan", "min_bytes": 0, "axes": axes}
+    return _policy_mapping(spec, tuple(spec_axes(lay, cluster)))
+
+
+def _policy_mapping(spec: str, axes: tuple[str, ...]) -> dict:
+    return {"name": "plan", "min_bytes": 0, "axes": dict.fromkeys(axes, spec)}
 
 
 def codec_by_spec(spec: str):
@@ -191,13 +194,19 @@ def codec_by_spec(spec: str):
         return codec if inter and kind in ("grad", "param") else None
 
     def policy(lay: Layout, cluster: Cluster):  # the policy a plan of `lay` runs
-        from jaxhc.policy import Policy
-
-        data = spec_policy(spec, lay, cluster)
-        return None if data is None else Policy.from_dict(data)
+        return None if codec is None else _spec_policy(spec, tuple(spec_axes(lay, cluster)))
 
     of.policy = policy
     return of
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec_policy(spec: str, axes: tuple[str, ...]):
+    """The `jaxhc.policy.Policy` of `spec_policy`, made once per codec and levels (a search asks
+    it for every plan)."""
+    from jaxhc.policy import Policy
+
+    return Policy.from_dict(_policy_mapping(spec, axes))
 
 
 def codec_by_policy(policy):
@@ -213,9 +222,38 @@ def codec_by_policy(policy):
             return None
         return codec
 
-    of.error_feedback = pol.error_feedback("data")  # the trainer's rule: residuals in the state
     of.policy = lambda lay, cluster: pol
     return of
+
+
+def error_feedback(lay: Layout, cluster: Cluster, codec_of=None) -> bool:
+    """Whether a plan of `lay` keeps error-feedback residuals in its train state: the trainer's
+    rule (`jaxhc.parallel.state.error_feedback`) under the policy the plan runs (`codec_of`'s
+    ``policy``; `codec_by_spec`'s for ``lay.codec`` by default). A policy the trainer refuses
+    for this plan (error feedback on tensor or pipe) is its one-line ValueError."""
+    from jaxhc.model.config import MeshConfig
+    from jaxhc.parallel.state import error_feedback as state_error_feedback
+
+    policy = _policy(lay, cluster, codec_of)
+    return state_error_feedback(policy, MeshConfig(lay.data, lay.tensor, lay.pipe))
+
+
+def keeps_own(lay: Layout, cluster: Cluster, codec_of=None) -> bool:
+    """Whether a plan of `lay` has error feedback (`error_feedback`) whose reduce-scatters add
+    each rank's own slice uncoded (the policy's ``keep_own``, `jaxhc.parallel.grads.keeps_own`):
+    then the trainer does not overlap the reduction (`jaxhc.parallel.grads.overlaps`)."""
+    from jaxhc.parallel.grads import keeps_own as policy_keeps_own
+
+    axes = [lay.axis(i) for i in range(len(lay.levels))]
+    own = policy_keeps_own(_policy(lay, cluster, codec_of), axes)
+    return own and error_feedback(lay, cluster, codec_of)
+
+
+def _policy(lay: Layout, cluster: Cluster, codec_of=None):
+    """The policy a plan of `lay` runs under `codec_of` (`codec_by_spec(lay.codec)` by
+    default; None for a choice that names none)."""
+    codec_of = codec_of or codec_by_spec(lay.codec)
+    return codec_of.policy(lay, cluster) if hasattr(codec_of, "policy") else None
 
 
 def collectives(
@@ -231,7 +269,7 @@ def collectives(
     [('psum_scatter', 'grad'), ('all_gather', 'param')]
     """
     codec_of = codec_of or codec_by_spec(lay.codec)
-    feedback = getattr(codec_of, "error_feedback", False)
+    feedback = error_feedback(lay, cluster, codec_of)
     ep, eg, ea = PRECISIONS[lay.precision]
     _, padded = device_params(shape, lay)
     tp = lay.tensor * lay.pipe
@@ -253,10 +291,13 @@ def collectives(
         itemsize = ep if s.kind == "param" else eg
         axis = lay.axis(s.level)
         span = s.group * tp
-        codec = codec_of(axis, s.kind, itemsize, s.message * itemsize, span > per_node)
+        inter = crosses_nodes(lay, s.level, cluster)  # span > per_node
+        codec = codec_of(axis, s.kind, itemsize, s.message * itemsize, inter)
         codec = None if s.op == "broadcast" else codec  # jaxhc has no compressed broadcast
         members = _members(s.ranks, s.inner * tp, per_node)
-        fused = _fused(lay, codec, s.op, feedback and s.kind == "grad")
+        # the reductions carry the residuals (`jaxhc.parallel.zero.reduce_gradients`)
+        residual = feedback and s.kind == "grad" and s.op in ("psum_scatter", "psum")
+        fused = _fused(lay, codec, s.op, itemsize, residual)
         out.append(
             Comm(
                 axis,
@@ -271,6 +312,7 @@ def collectives(
                 members,
                 fused,
                 s.role,
+                residual,
             )
         )
     b, tok = tokens_per_microbatch(lay, batch, seq)
@@ -279,7 +321,7 @@ def collectives(
         codec = codec_of("tensor", "act", ea, act * ea, tp > cluster.devices_per_node)
         count = 4 * m * shape.layers // lay.pipe
         members = _members(lay.tensor, lay.pipe, cluster.devices_per_node)
-        fused = _fused(lay, codec, "psum", False)
+        fused = _fused(lay, codec, "psum", ea)
         out.append(
             Comm("tensor", "act", "psum", lay.tensor, tp, act, ea, count, codec, members, fused)
         )
@@ -289,7 +331,7 @@ def collectives(
         # summed by the end stages, one message each way: those the runtime pairs under the
         # policy the plan runs (`jaxhc.parallel.grads.pairs`)
         sizes = {lay.axis(i): k for i, k in enumerate(factors)}
-        policy = codec_of.policy(lay, cluster) if hasattr(codec_of, "policy") else None
+        policy = _policy(lay, cluster, codec_of)
         shared = shape.shared_params()
         paired = sum(shared[k] for k in pairs(tuple(shared), policy, sizes))
         if paired:
@@ -298,12 +340,11 @@ def collectives(
     return out
 
 
-def _fused(lay: Layout, codec, op: str, feedback: bool) -> bool:
+def _fused(lay: Layout, codec, op: str, itemsize: int, feedback: bool = False) -> bool:
     """Whether the MPI transport runs this compressed collective as one fused native call
-    (`MpiTransport.fuses`, the codecs with a `native_call`; error feedback takes jaxhc's own
-    algorithm, which needs the decoded payloads)."""
-    native = codec is not None and MpiTransport.fuses(codec, jnp.float32)
-    return lay.transport == "mpi" and native and op in MpiTransport.FUSED_OPS and not feedback
+    (`jaxhc.plan.comm.native`: `MpiTransport.fuses`, the codecs with a `native_call`; with
+    error feedback only a float32 reduce-scatter's)."""
+    return codec is not None and native(lay.transport, codec, op, itemsize, feedback)
 
 
 def _members(k: int, stride: int, per_node: int) -> int:

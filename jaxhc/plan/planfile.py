@@ -16,10 +16,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from jaxhc._checks import read_yaml
 from jaxhc.plan.cost import codec_by_policy, spec_policy
 from jaxhc.plan.search import Candidate, search
-from jaxhc.schema import structure
+from jaxhc.schema import read_yaml, structure
 
 __all__ = ["Plan", "apply", "auto", "best", "plans"]
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 
-from jaxhc._checks import read_yaml
 from jaxhc.model.config import GPTConfig
-from jaxhc.schema import structure
+from jaxhc.schema import read_yaml, structure
 
 MODELS = {
     "gpt2-small": GPTConfig(n_layer=12, n_head=12, n_embd=768),

@@ -23,7 +23,14 @@ import dataclasses
 
 from jaxhc.plan.cluster import Cluster
 from jaxhc.plan.comm import comm_bytes, comm_time
-from jaxhc.plan.cost import Memory, codec_by_spec, collectives, memory
+from jaxhc.plan.cost import (
+    Memory,
+    codec_by_spec,
+    collectives,
+    error_feedback,
+    keeps_own,
+    memory,
+)
 from jaxhc.plan.layout import Layout, check_layout, trainable
 from jaxhc.plan.shapes import ModelShape
 from jaxhc.plan.steptime import step_time
@@ -138,13 +145,18 @@ def evaluate(
     why = check_layout(shape, lay, batch)
     if why:
         return Candidate(lay, None, 0.0, 0.0, f"invalid: {why}")
-    ef = lay.data > 1 and getattr(codec_of, "error_feedback", False)
+    codec_of = codec_of or codec_by_spec(lay.codec)
+    try:  # the trainer's rule, under the policy the plan runs
+        ef = error_feedback(lay, cluster, codec_of)
+    except ValueError as e:  # error feedback the trainer refuses for this plan
+        return Candidate(lay, None, 0.0, 0.0, f"invalid: {e}")
     mem = memory(shape, lay, batch, seq, error_feedback=ef, attention=cluster.attention)
-    comms = collectives(shape, lay, batch, seq, cluster, codec_of or codec_by_spec(lay.codec))
+    comms = collectives(shape, lay, batch, seq, cluster, codec_of)
     rejected = ""
     if mem.total > cluster.memory:
         rejected = f"out of memory: {mem.total / 2**30:.1f} GiB > {cluster.memory / 2**30:.1f} GiB"
-    step = step_time(shape, lay, batch, seq, cluster, comms, ef)
+    own = ef and keeps_own(lay, cluster, codec_of)
+    step = step_time(shape, lay, batch, seq, cluster, comms, own)
     return Candidate(
         lay,
         mem,

@@ -17,12 +17,15 @@ Communication: the step's collectives (`jaxhc.plan.cost.collectives`, each timed
 `jaxhc.plan.comm.Comm.seconds`; their sum is the plan's ``comm s``) less what the cluster's
 ``schedule.overlap`` hides behind compute:
   jaxhc (default, what `jaxhc.parallel.step` does): with ``train.overlap`` (`Layout.overlap`)
-        where the step can (`jaxhc.parallel.grads.overlaps`: s_p = 1, one micro-batch, no error
-        feedback), on the MPI transport, each layer's gradient reduce-scatter over the innermost
-        data level is started in the backward as soon as the layer's gradients exist (a plain,
-        ZFP or MPC call: the transport's progress threads, `jaxhc.collectives.started`) and
-        finished after the backward; so every layer's but the last one started hides behind
-        the earlier layers' backward, up to one layer's backward each. Nothing else is hidden:
+        where the step can (the trainer's rule, `jaxhc.parallel.grads.can_overlap`: s_p = 1,
+        one micro-batch, error feedback only without ``keep_own``), on the MPI transport, each
+        layer's gradient reduce-scatter over the innermost data level is started in the
+        backward as soon as the layer's gradients exist where the transport can start it (one
+        native call, plain or under a codec the engine fuses, with its error-feedback residual
+        too: `jaxhc.plan.comm.native`; the transport's progress threads,
+        `jaxhc.collectives.started`) and finished after the backward; so every layer's but
+        the last one started hides behind the earlier layers' backward, up to one layer's
+        backward each. Nothing else is hidden:
         the shared parameters' reduction, the outer levels and the gathers back run after the
         backward; sharded parameters are gathered when a layer needs them (not prefetched);
         the exchange follows the update; tensor and pipeline traffic sits inside the layers.
@@ -51,8 +54,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxhc.parallel.grads import can_overlap
 from jaxhc.plan.cluster import Cluster, ComputeRate
-from jaxhc.plan.comm import Comm
+from jaxhc.plan.comm import Comm, native
 from jaxhc.plan.layout import Layout, device_params, device_segments, tokens_per_microbatch
 from jaxhc.plan.shapes import ModelShape
 
@@ -154,11 +158,12 @@ def overlapped(
     lay: Layout,
     cluster: Cluster,
     work: Compute,
-    feedback: bool = False,
+    keeps_own: bool = False,
 ) -> tuple[float, float]:
     """(seconds the step's collectives take as it runs them, seconds of them its compute
-    hides) under ``cluster.overlap`` (see the module's docstring); `feedback`: the data levels
-    keep error-feedback residuals. A collective of the whole vector that the step runs per layer
+    hides) under ``cluster.overlap`` (see the module's docstring); `keeps_own`: the data levels'
+    error-feedback reduce-scatters add each rank's own slice uncoded (`jaxhc.plan.cost.
+    keeps_own`). A collective of the whole vector that the step runs per layer
     takes its layers' calls (`layer_call`, each with its latencies) and the rest's one call."""
     plain = sum(c.seconds(cluster) for c in comms)
     _, one, layers = device_segments(shape, lay)
@@ -170,12 +175,12 @@ def overlapped(
         return layer_call(c, cluster, share), layer_call(c, cluster, rest) if rest > 0 else 0.0
 
     if cluster.overlap == "jaxhc":
-        can = lay.transport == "mpi" and lay.overlap and lay.params == 1
-        if not can or lay.microbatches > 1 or feedback:
+        can = can_overlap(lay.params > 1, lay.microbatches, keeps_own)
+        if lay.transport != "mpi" or not lay.overlap or not can:
             return plain, 0.0
         first = next((c for c in comms if c.role == "reduce"), None)
-        if first is None or first.op != "psum_scatter" or (first.codec and not first.fused):
-            return plain, 0.0  # nothing started: a codec without a fused native call (q8:sr)
+        if first is None or first.op != "psum_scatter" or not _starts(first, lay):
+            return plain, 0.0  # nothing started: no native call (q8:sr; a plain one with EF)
         r, shared = split(first)
         b = work.layer_backward
         exposed = pass_time(layers, b, reduce=r) - layers * b
@@ -202,6 +207,11 @@ def overlapped(
     return plain, 0.0
 
 
+def _starts(c: Comm, lay: Layout) -> bool:
+    """Whether the step's transport can start `c` and finish it later: one native call."""
+    return native(lay.transport, c.codec, c.op, c.itemsize, c.feedback)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTime:
     """A step's predicted seconds: compute, its collectives as it runs them (`overlapped`), and
@@ -223,10 +233,10 @@ def step_time(
     seq: int,
     cluster: Cluster,
     comms: list[Comm],
-    feedback: bool = False,
+    keeps_own: bool = False,
 ) -> StepTime | None:
     """The step's time: compute + the communication not hidden; None where the cluster states
-    no ``compute`` rates.
+    no ``compute`` rates. `keeps_own`: see `overlapped`.
 
     >>> link = {"gbit_s": 1, "latency_us": 20}
     >>> cluster = jaxhc.plan.cluster.from_dict({
@@ -243,4 +253,4 @@ def step_time(
     if cluster.compute is None:
         return None
     work = compute(shape, lay, batch, seq, cluster.compute)
-    return StepTime(work, *overlapped(comms, shape, lay, cluster, work, feedback))
+    return StepTime(work, *overlapped(comms, shape, lay, cluster, work, keeps_own))

@@ -7,10 +7,10 @@ import functools
 import os
 from typing import Any
 
-from jaxhc._checks import read_yaml, whole_number, yaml_value
+from jaxhc._checks import whole_number
 from jaxhc.model.config import LLAMA_KEYS, GPTConfig, MeshConfig, OptimConfig
 from jaxhc.policy import Policy
-from jaxhc.schema import structure
+from jaxhc.schema import read_yaml, structure, yaml_value
 
 TRANSPORTS = ("xla", "mpi")
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from jaxhc._checks import read_yaml
-from jaxhc.schema import structure
+from jaxhc.schema import read_yaml, structure
 from jaxhc.train.config import ExperimentConfig, load
 
 __all__ = ["Sweep", "finished", "run"]

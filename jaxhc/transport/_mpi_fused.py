@@ -169,14 +169,15 @@ def psum_scatter(rows_flat, comm, codec: Codec | None):
 
 
 def feedback_supported(codec: Codec | None, dtype) -> bool:
-    """Whether `psum_scatter_feedback` takes this codec and dtype (float32, a codec the engine
-    fuses, a build that has the call)."""
-    return (
-        codec is not None
-        and jnp.dtype(dtype) == jnp.float32
-        and supports(codec, dtype)
-        and _has_feedback()
-    )
+    """Whether `psum_scatter_feedback` takes this codec and dtype (`feedback_fusable`, a build
+    that has the call)."""
+    return feedback_fusable(codec, dtype) and available() and _has_feedback()
+
+
+def feedback_fusable(codec: Codec | None, dtype) -> bool:
+    """Whether the engine has `psum_scatter_feedback` for this codec and dtype, built or not:
+    float32 under a codec the engine fuses."""
+    return codec is not None and jnp.dtype(dtype) == jnp.float32 and fusable(codec, dtype)
 
 
 @functools.cache

@@ -88,15 +88,25 @@ class MpiTransport(Transport):
         return self.axis_size(axis_name) > 1 and _mpi_fused.supports(codec, dtype)
 
     @staticmethod
-    def fuses(codec, dtype) -> bool:
-        """Whether the native engine has a fused call for `codec` (None: plain) on `dtype`
-        messages, whether or not this build has the engine: the rule `fused` applies and
-        `jaxhc.plan` prices, for a cluster that has it.
+    def fuses(codec, dtype, op: str = "psum", feedback: bool = False) -> bool:
+        """Whether the native engine runs `op` (one of `FUSED_OPS`) of `dtype` messages under
+        `codec` (None: plain) as one fused call, whether or not this build has the engine: the
+        rule `fused` applies, and with `feedback` (a gradient reduce-scatter that carries an
+        error-feedback residual: the only call with a residual the engine fuses) the rule
+        `fused_feedback` applies. A call it fuses is one the transport can start
+        (`can_start`). `jaxhc.plan` prices it for a cluster that has the engine.
 
         >>> from jaxhc.codecs import parse
         >>> [MpiTransport.fuses(parse(spec), "float32") for spec in ("zfp:8", "q8:sr")]
         [True, False]
+        >>> [MpiTransport.fuses(parse("zfp:8"), "float32", op, feedback=True)
+        ...  for op in ("psum_scatter", "psum")]
+        [True, False]
         """
+        if op not in MpiTransport.FUSED_OPS:
+            return False
+        if feedback:
+            return op == "psum_scatter" and _mpi_fused.feedback_fusable(codec, dtype)
         return _mpi_fused.fusable(codec, dtype)
 
     def fused_psum(self, x, axis_name, codec):
