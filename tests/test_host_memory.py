@@ -1,5 +1,5 @@
-"""jaxhc.host_memory: after reuse_freed_memory(), glibc serves a 64 MiB block from its heap (no
-fresh mapping) and keeps it when freed; without it, the block is a fresh mapping. Each case runs
+"""jaxhc.host_memory: after reuse_freed_memory(), glibc serves a 64 MiB block that a thread other
+than the first allocates from its main heap (no fresh mapping) and keeps it when freed; without it, the block is a fresh mapping. Each case runs
 in a child process (the setting is process-wide and cannot be undone)."""
 
 from __future__ import annotations
@@ -27,8 +27,15 @@ libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
+import threading
 on = host_memory.reuse_freed_memory() if sys.argv[1] == "on" else False
-p = libc.malloc(64 << 20)
+got = {}
+def alloc():  # on another thread, as XLA:CPU's workers allocate
+    got["p"] = libc.malloc(64 << 20)
+t = threading.Thread(target=alloc)
+t.start()
+t.join()
+p = got["p"]
 mapped = libc.mallinfo2().hblkhd  # bytes in blocks that have their own mapping
 libc.free(p)
 print(json.dumps({"on": on, "reported": host_memory.freed_memory_reused(), "mapped": mapped,
