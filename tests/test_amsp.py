@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 from _gpt import CFG, OPTIM, SEED, assert_trees_equal, batch, step_losses
+from _tiers import quick
 
 import jaxhc
 from jaxhc.data import Batches, corpus_bytes
@@ -132,10 +133,6 @@ def test_plans_of_a_flat_data_axis_are_zero_bit_for_bit(grads, optim):
 QUICK_NESTED = {(1, 2), (4, 4)}
 
 
-def quick(cases, keep):
-    return [p if p in keep else pytest.param(*p, marks=pytest.mark.slow) for p in cases]
-
-
 @pytest.mark.parametrize("grads, optim", quick(plans(8, (2, 4)), QUICK_NESTED))
 def test_every_plan_of_data_8_on_nested_groups_is_zero_on_them_bit_for_bit(grads, optim):
     """data = 8 as groups of 2 within groups of 4: every valid plan; against flat ZeRO, which adds
@@ -162,13 +159,7 @@ QUICK_8 = {(8, 8, 8), (2, 2, 8), (4, 8, 8)}
 QUICK_4 = {(4, 4, 4)}
 
 
-@pytest.mark.parametrize(
-    "params, grads, optim",
-    [
-        p if p in QUICK_8 else pytest.param(*p, marks=pytest.mark.slow)
-        for p in sharded_plans(8, (2, 4))
-    ],
-)
+@pytest.mark.parametrize("params, grads, optim", quick(sharded_plans(8, (2, 4)), QUICK_8))
 def test_sharded_parameters_on_data_8_are_zero_bit_for_bit(params, grads, optim):
     """ZeRO-3 (8, 8, 8) and every plan with s_p > 1 on groups [2, 4]: parameters gathered for
     the forward and again for the backward, whose reverse mode reduce-scatters the gradients
@@ -182,13 +173,7 @@ def test_zero_3_on_a_flat_data_axis_is_zero_bit_for_bit():
 
 
 @pytest.mark.parametrize("tensor, pipe", [(2, 1), (1, 2)])
-@pytest.mark.parametrize(
-    "params, grads, optim",
-    [
-        p if p in QUICK_4 else pytest.param(*p, marks=pytest.mark.slow)
-        for p in sharded_plans(4, (2,))
-    ],
-)
+@pytest.mark.parametrize("params, grads, optim", quick(sharded_plans(4, (2,)), QUICK_4))
 def test_sharded_parameters_on_data_4_with_tensor_or_pipe_are_zero_bit_for_bit(
     tensor, pipe, params, grads, optim
 ):

@@ -244,7 +244,19 @@ def written(tmp_path_factory):
     return ckpt, to_canonical(host, runner.plan), losses, batches
 
 
-@pytest.mark.parametrize("b", [(4, 2, 1), (1, 1, 1), (8, 1, 1), (1, 2, 4)])
+# The quick suite: a mesh with tensor and one with pipe; every mesh under `slow`.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "b",
+    [
+        (4, 2, 1),
+        pytest.param((1, 1, 1), marks=SLOW),
+        pytest.param((8, 1, 1), marks=SLOW),
+        (1, 2, 4),
+    ],
+)
 def test_training_resumes_on_another_mesh(written, b):
     """Policy none: resumed on mesh b, the next two losses are those of a run on mesh b from the
     same state (placed there by the oracle), bit for bit; they continue the 2 x 2 x 2 run's within

@@ -20,6 +20,7 @@ import pytest
 import test_train
 from _canonical_oracle import coords_of, from_canonical
 from _gpt import assert_trees_equal
+from _tiers import quick
 from checkpoint_job import BIG, big_state, blocks
 from test_checkpoint import MODEL, OPTIM, random_canonical
 from test_train_mpi import host_checkpoint
@@ -246,7 +247,9 @@ def _train_in_process(run: Path, policy: str, tmp_path, *extra: str) -> dict:
     return cfg, run_loop(cfg, str(run), runner, resume=False, progress=False)
 
 
-@pytest.mark.parametrize("preset", _lossy_data_policies())
+# The quick suite: one codec of each family (q8; zfp with error feedback; q4:h with error
+# feedback, its own scale choice); every lossy preset under `slow`.
+@pytest.mark.parametrize("preset", quick(list(_lossy_data_policies()), {"q8", "zfp8_ef", "q4_ef4"}))
 def test_a_nan_storm_is_skipped_on_every_rank_and_never_encoded(preset, tmp_path, monkeypatch):
     """Steps 2 and 3 with Inf / NaN gradients on data rank 1: both fall back to raw (the lossy
     codec never encodes them), both are skipped on every rank, and the state after the storm is

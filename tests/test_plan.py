@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 from _gpt import CFG, OPTIM, SEED, batch
+from _tiers import quick
 
 import jaxhc
 from jaxhc.model.config import MeshConfig
@@ -42,7 +43,9 @@ def _compiled_step(data, tensor, pipe, shard, policy):
     return mesh_cfg, step, init_state(CFG, mesh_cfg, OPTIM, mesh, SEED, policy=policy)
 
 
-@pytest.mark.parametrize("data, tensor, pipe, shard, policy", CASES)
+# The quick suite: a plan of each kind (ZeRO-1 on groups, error feedback with tensor and pipe,
+# sharded parameters with a residual a level); every case under `slow`.
+@pytest.mark.parametrize("data, tensor, pipe, shard, policy", quick(CASES, {1, 4, 6}))
 def test_state_bytes_are_what_the_compiled_step_takes(data, tensor, pipe, shard, policy):
     """XLA's memory analysis of the compiled step, per device: its arguments are the state (P +
     OS, scalars and any residual included) and this device's token rows, to the byte."""
@@ -66,18 +69,35 @@ MDATA = jaxhc.Policy.from_dict(
 
 @pytest.mark.parametrize(
     "data, tensor, pipe, shard, policy",
-    [
-        *CASES[:4],
-        (8, 1, 1, {"grads": 1, "optim": 4}, ZDATA),
-        (8, 1, 1, {"grads": 2, "optim": 2, "groups": [2, 4]}, ZDATA),
-        (4, 2, 1, {"grads": 1, "optim": 2}, MDATA),  # messages under 20000 bytes go raw
-        CASES[5],  # sharded parameters: gathered per layer, forward and again backward
-        (8, 1, 1, {"params": 2, "grads": 2, "optim": 8, "groups": [2], "gather": "whole"}, "none"),
-        # kept: the layers' parameters gathered in the forward only
-        (8, 1, 1, {"params": 2, "grads": 2, "optim": 8, "groups": [2], "gather": "keep"}, "none"),
-        (8, 1, 1, {"params": 2, "grads": 2, "optim": 8, "groups": [2, 4]}, ZDATA),
-        (4, 2, 1, {"params": 4}, "none"),
-    ],
+    quick(
+        [
+            *CASES[:4],
+            (8, 1, 1, {"grads": 1, "optim": 4}, ZDATA),
+            (8, 1, 1, {"grads": 2, "optim": 2, "groups": [2, 4]}, ZDATA),
+            (4, 2, 1, {"grads": 1, "optim": 2}, MDATA),  # messages under 20000 bytes go raw
+            CASES[5],  # sharded parameters: gathered per layer, forward and again backward
+            (
+                8,
+                1,
+                1,
+                {"params": 2, "grads": 2, "optim": 8, "groups": [2], "gather": "whole"},
+                "none",
+            ),
+            # kept: the layers' parameters gathered in the forward only
+            (
+                8,
+                1,
+                1,
+                {"params": 2, "grads": 2, "optim": 8, "groups": [2], "gather": "keep"},
+                "none",
+            ),
+            (8, 1, 1, {"params": 2, "grads": 2, "optim": 8, "groups": [2, 4]}, ZDATA),
+            (4, 2, 1, {"params": 4}, "none"),
+        ],
+        # the quick suite: nested levels, per-level codecs, each way of gathering sharded
+        # parameters, zfp on sharded parameters, sharded parameters beside tensor
+        {2, 6, 8, 9, 10, 11},
+    ),
 )
 def test_data_collective_bytes_are_the_ledgers(data, tensor, pipe, shard, policy):
     """Per data sub-axis and kind, the predicted raw bytes of one step are the ledger's, and so

@@ -138,7 +138,7 @@ def _mesh_of(run) -> dict:
     return json.loads((run / "config.json").read_text())["mesh"]
 
 
-def test_train_with_a_written_plan_and_auto(tmp_path, capsys):
+def test_train_with_a_written_plan(tmp_path, capsys):
     local = tmp_path / "local.yaml"
     clusters.local(8, 2.0).dump(str(local))
     plan = tmp_path / "plan.yaml"
@@ -171,7 +171,17 @@ def test_train_with_a_written_plan_and_auto(tmp_path, capsys):
         k: want[k] for k in ("data", "tensor", "pipe")
     }
     assert mesh["shard"]["optim"] == want["shard"]["optim"]
-    # auto: the plan it prints is the one it trains with
+    # --plan with --mesh, a missing file, a bad key: one line each
+    assert jaxhc_train(tmp_path / "c", log, "--plan", "auto", "--mesh", "data=8", *TINY) == 2
+    assert "--plan and --mesh both set the mesh" in log.read_text()
+    plan.write_text("mesh: {data: 8}\nextra: 1\n")
+    assert jaxhc_train(tmp_path / "c", log, "--plan", str(plan), *TINY) == 2
+    assert "unknown plan key 'extra'" in log.read_text()
+
+
+@pytest.mark.slow  # CI time: a second training subprocess; the quick suite trains a written plan
+def test_train_with_plan_auto_trains_the_plan_it_prints(tmp_path):
+    log = tmp_path / "log"
     assert jaxhc_train(tmp_path / "b", log, "--steps", "2", "--plan", "auto", *TINY) == 0, (
         log.read_text()
     )
@@ -192,12 +202,6 @@ def test_train_with_a_written_plan_and_auto(tmp_path, capsys):
         s_g,
         s_os,
     )
-    # --plan with --mesh, a missing file, a bad key: one line each
-    assert jaxhc_train(tmp_path / "c", log, "--plan", "auto", "--mesh", "data=8", *TINY) == 2
-    assert "--plan and --mesh both set the mesh" in log.read_text()
-    plan.write_text("mesh: {data: 8}\nextra: 1\n")
-    assert jaxhc_train(tmp_path / "c", log, "--plan", str(plan), *TINY) == 2
-    assert "unknown plan key 'extra'" in log.read_text()
 
 
 @pytest.mark.slow

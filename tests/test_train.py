@@ -11,9 +11,11 @@ import jax
 import numpy as np
 import pytest
 import yaml
+from _tiers import quick
 
 from jaxhc import cli
 from jaxhc.codecs import Mpc, Quant, Zfp
+from jaxhc.parallel import init_state, make_mesh, make_train_step
 from jaxhc.parallel.state import Plan
 from jaxhc.policy import KINDS, Policy
 from jaxhc.train.checkpoint import Checkpoints
@@ -21,6 +23,7 @@ from jaxhc.train.config import load
 from jaxhc.train.report import summarize
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
+QUICK_POLICIES = ("/mzhybrid.yaml", "/qhybrid.yaml", "/q4_ef.yaml")
 # A shrunken model: as many layers as pipeline stages, tiny widths, a few steps.
 TINY = [
     "model.n_layer=2",
@@ -117,16 +120,31 @@ def test_every_shipped_experiment_runs_one_step_shrunk(path, tmp_path):
     assert json.load(open(out / "config.json"))["model"]["n_layer"] == 2
 
 
-def _shipped_policies():
-    """Every shipped policy; the error-feedback variants of another shipped one under `slow`
-    (CI time: their codecs run here through the sibling, their feedback in test_faults.py's
-    quick NaN storms and the resume tests)."""
-    paths = sorted(glob.glob(os.path.join(CONFIGS, "policy", "*.yaml")))
-    sibling = lambda p: p.endswith("_ef.yaml") and p.replace("_ef.yaml", ".yaml") in paths  # noqa: E731
-    return [pytest.param(p, marks=pytest.mark.slow) if sibling(p) else p for p in paths]
+SHIPPED_POLICIES = sorted(glob.glob(os.path.join(CONFIGS, "policy", "*.yaml")))
 
 
-@pytest.mark.parametrize("policy", _shipped_policies(), ids=os.path.basename)
+@pytest.mark.parametrize("policy", SHIPPED_POLICIES, ids=os.path.basename)
+def test_every_shipped_policy_builds_its_train_step(policy, tmp_path):
+    """Every shipped policy, compressing every message, loads and its train step traces and
+    lowers on the tiny 2 x 2 x 2 mesh (what `jaxhc train` does before compiling)."""
+    cfg = load(None, TINY)
+    mesh = make_mesh(cfg.mesh, jax.devices()[: cfg.mesh.size])
+    policy = Policy.load(every_message(policy, tmp_path))
+    step = make_train_step(cfg.model, cfg.mesh, cfg.optim, mesh, policy)
+    state = init_state(cfg.model, cfg.mesh, cfg.optim, mesh, 0, policy=policy)
+    tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.model.block_size + 1), np.int32)
+    hlo = step.lower(state, tokens).as_text()
+    codecs = {policy.codec_for(a, k) for a in ("data", "tensor", "pipe") for k in KINDS}
+    assert ("jaxhc_" in hlo) == any(c is not None and c.spec != "none" for c in codecs), hlo[:200]
+
+
+# One step of each shipped policy runs under `slow` (`make test-all`); the quick suite runs one
+# of each codec family: zfp with mpc, q8 with zfp, q4:h with error feedback.
+@pytest.mark.parametrize(
+    "policy",
+    quick(SHIPPED_POLICIES, [p for p in SHIPPED_POLICIES if p.endswith(QUICK_POLICIES)]),
+    ids=os.path.basename,
+)
 def test_every_shipped_policy_compresses_one_step(policy, tmp_path):
     out = tmp_path / "run"
     policy = every_message(policy, tmp_path)

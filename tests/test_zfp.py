@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import zfpy
+from _tiers import quick
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -142,8 +143,19 @@ def test_nd_matches_zfpy(dims, dtype, rates, device, x64):
             assert_matches_zfpy(x, rate, device, dims)
 
 
-@pytest.mark.parametrize("dims", [2, 3])
-@pytest.mark.parametrize("dtype,rate", [(np.float32, 8), (np.float64, 12.25), (np.float32, 2.5)])
+# Every length compiles its own programs: the quick suite runs 3-D float32 and 2-D float64 (the
+# host kernels' lengths are also checked without jit in test_zfp_kernels.py); all under `slow`.
+@pytest.mark.parametrize(
+    "dims, dtype, rate",
+    quick(
+        [
+            (d, t, r)
+            for t, r in [(np.float32, 8), (np.float64, 12.25), (np.float32, 2.5)]
+            for d in (2, 3)
+        ],
+        {(3, np.float32, 8), (2, np.float64, 12.25)},
+    ),
+)
 def test_nd_lengths_match_zfpy(dims, dtype, rate, device, x64):
     """Every partial last row (n % 4) and, in 3-D, partial last plane (n % 16) and block
     (n % 64), around word and thread-group boundaries."""
