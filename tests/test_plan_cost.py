@@ -198,8 +198,12 @@ def test_mixed_precision_is_amsps_count():
     lay = Layout(64, 1, 1, 1, 8, 8, 64, (8, 64), precision="mixed")
     mem = memory(shape, lay, 64, 2048)
     psi = shape.device_params(1, 1)
-    pad = -(-psi // 256) * 256
     from jaxhc.parallel.amsp import ShardPlan
+    from jaxhc.parallel.layout import segment_padded
+
+    # the flat vector of its segments, each in 64 pieces of whole codec blocks (FlatLayout's)
+    one = shape.layer_params()
+    pad = segment_padded(psi - shape.layers * one, 64) + shape.layers * segment_padded(one, 64)
 
     want = amsp_bytes(pad, ShardPlan(64, 8, 8, 64, ("data.0", "data.1"), (8, 8)))
     assert (mem.params, mem.grads, mem.optim) == (want.params, want.grads, want.optim)

@@ -84,3 +84,33 @@ def test_a_block_codec_on_data_with_tensor_2_shapes_the_count():
     mesh, run, row = _row(*CASES[1])
     assert Plan(CFG, mesh, policy=run).layout.padded != Plan(CFG, mesh).layout.padded
     assert row.memory.optim == state_bytes(CFG, mesh, run).optim != state_bytes(CFG, mesh).optim
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed"])
+@pytest.mark.parametrize("data, tensor, pipe", [(1, 1, 1), (8, 1, 1), (64, 2, 4), (1024, 8, 2)])
+def test_a_shape_only_vector_is_its_segments(data, tensor, pipe, precision):
+    """A model known by its shapes (or counted in mixed precision): the padded vector is its
+    segments', each padded by the runtime layout's rule (`segment_padded`): the shared segment
+    holds the device's shared parameters and every layer its share; and without a tensor or
+    pipe split, where the shape count is the runtime's but for the final norm and the rows a
+    parameter starts on, the segments are the runtime layout's up to one padding quantum."""
+    import dataclasses
+
+    from jaxhc.parallel.layout import ALIGN, ROW
+    from jaxhc.plan.presets import load_shape
+
+    for name in ("gpt2-small", "llama-7b"):
+        shape = dataclasses.replace(load_shape(name), gpt=None)
+        lay = Layout(data, tensor, pipe, 1, 1, data, data, (data,), precision=precision)
+        size, padded = device_params(shape, lay)
+        shared, one, layers = device_segments(shape, lay)
+        q = ALIGN * data
+        assert shared % q == 0 and one % q == 0 and shared + layers * one == padded
+        assert one >= -(-shape.layer_params() // tensor) and shared + layers * one >= size
+        assert shared >= size - layers * -(-shape.layer_params() // tensor) >= 0
+        if tensor == pipe == 1 and data <= 8:
+            fl = Plan(load_shape(name).gpt, MeshConfig(data)).layout
+            rows = ROW * 16  # a parameter's last row, for the up to 16 parameters of a segment
+            norm = shape.shared_params()["ln_f"]  # not in the shape count
+            assert 0 <= fl.shared_padded - shared <= q + rows + norm
+            assert 0 <= fl.layer_padded - one <= q + rows
