@@ -18,7 +18,7 @@ from jaxhc.parallel.state import Plan
 from jaxhc.plan import cluster as clusters
 from jaxhc.plan import state_bytes
 from jaxhc.plan.cost import codec_by_policy, spec_policy
-from jaxhc.plan.layout import Layout, device_params, device_segments
+from jaxhc.plan.layout import Layout, device_params, device_segments, trainable
 from jaxhc.plan.search import evaluate
 from jaxhc.plan.shapes import from_gpt
 
@@ -114,3 +114,11 @@ def test_a_shape_only_vector_is_its_segments(data, tensor, pipe, precision):
             norm = shape.shared_params()["ln_f"]  # not in the shape count
             assert 0 <= fl.shared_padded - shared <= q + rows + norm
             assert 0 <= fl.layer_padded - one <= q + rows
+
+
+def test_a_plan_of_one_data_rank_is_trainable():
+    """A tensor x pipe plan without data parallelism: the mesh its plan file writes (no
+    nested groups: ``groups: []``) is one the trainer takes."""
+    lay = Layout(1, 2, 2, 2, 1, 1, 1, (1,))
+    assert trainable(SHAPE, lay) == "yes"
+    assert MeshConfig(**lay.mesh_overrides()).shard.resolve(1) == (1, 1, 1, (1,))
