@@ -7,6 +7,7 @@ among them."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,51 @@ def test_a_plan_of_one_data_rank_is_trainable():
     lay = Layout(1, 2, 2, 2, 1, 1, 1, (1,))
     assert trainable(SHAPE, lay) == "yes"
     assert MeshConfig(**lay.mesh_overrides()).shard.resolve(1) == (1, 1, 1, (1,))
+
+
+PRESETS = sorted(POLICIES.glob("*.yaml"))
+NESTED = [  # (data, tensor, pipe, groups): ZeRO-1 over nested data levels
+    (8, 1, 1, [2, 4]),
+    (4, 2, 1, [2]),
+    (2, 2, 2, None),
+]
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_the_planners_flat_layout_is_the_runs_under_every_preset(path):
+    """The codec blocks that shape the flat layout (`FlatLayout.align`, the tensor blocks) are
+    the largest lossy block of every data level's codecs (`jaxhc.Policy.data_codecs`), wherever
+    the level: the planner, which asks the same function of the same policy, gets the run's
+    layout on nested data groups too."""
+    policy = jaxhc.Policy.load(str(path))
+    for data, tensor, pipe, groups in NESTED:
+        mesh = MeshConfig(data, tensor, pipe, 1, shard={"groups": groups or []})
+        p, g, o, levels = mesh.shard.resolve(data)
+        lay = Layout(data, tensor, pipe, 1, p, g, o, levels, f"policy {path}")
+        fl = Plan(CFG, mesh, policy=policy).layout
+        assert device_params(SHAPE, lay) == (fl.size, fl.padded)
+        assert device_segments(SHAPE, lay) == (fl.shared_padded, fl.layer_padded, fl.layers)
+
+
+def test_a_codec_spec_gets_the_runs_layout_on_every_plan_searched():
+    """A codec spec goes on the data levels that cross nodes only (`spec_policy`, what the run
+    gets): on a cluster of 4-device nodes the inner levels of many plans keep no codec. Every
+    plan the search prices with a codec still counts the run's flat layout."""
+    from jaxhc.plan.search import search
+
+    quads = dataclasses.replace(CLUSTER, devices_per_node=4, nodes=2)
+    seen = set()
+    for row in search(
+        SHAPE, quads, 64, 16, codecs=("none", "q8", "zfp:8:d3"), model_parallel="all"
+    ):
+        lay = row.layout
+        key = (lay.data, lay.tensor, lay.pipe, lay.levels, lay.sizes, lay.codec)
+        if lay.codec == "none" or row.rejected.startswith("invalid") or key in seen:
+            continue
+        seen.add(key)
+        run = spec_policy(lay.codec, lay, quads)
+        mesh = MeshConfig(**lay.mesh_overrides())
+        fl = Plan(CFG, mesh, policy=run and jaxhc.Policy.from_dict(run)).layout
+        assert device_params(SHAPE, lay) == (fl.size, fl.padded), key
+        assert device_segments(SHAPE, lay) == (fl.shared_padded, fl.layer_padded, fl.layers)
+    assert any(len(k[3]) > 1 and k[3][0] * k[1] * k[2] <= 4 for k in seen)  # an inner level

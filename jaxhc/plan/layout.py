@@ -104,6 +104,12 @@ class Layout:
 
 @functools.lru_cache(maxsize=256)
 def _flat_layout(gpt, data: int, tensor: int, pipe: int, codec: str):
+    """The runtime's flat layout of a plan (`jaxhc.parallel.state.flat_layout`). Its codec
+    blocks are the largest lossy block among the codecs of every data level
+    (`jaxhc.Policy.data_codecs`), whichever level sends them and however the data axis nests:
+    a codec spec on the whole data axis gives the layout of the run's policy, which puts it on
+    the levels that cross nodes only (`jaxhc.plan.cost.spec_policy`), whenever one does, as on
+    every plan the search prices with a codec (tests/test_plan_memory.py checks both routes)."""
     from jaxhc.model.config import MeshConfig
     from jaxhc.parallel.state import flat_layout
     from jaxhc.policy import Policy
