@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.stage == "collectives":
-        from jaxhc._compat import set_cpu_device_count
+        from jaxhc.launch import set_cpu_device_count
 
         # The CPU runs of the same programs on as many devices (on the CPU platform: 4 to keep
         # the dry run short).

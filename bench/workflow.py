@@ -33,7 +33,7 @@ import sysconfig
 import tempfile
 import time
 
-from jaxhc._compat import set_cpu_device_count
+from jaxhc.launch import set_cpu_device_count
 
 set_cpu_device_count(8)  # the default mesh, before jax starts
 

@@ -20,21 +20,3 @@ def whole_number(key: str, value, least: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         need = "a positive integer" if least == 1 else f"an integer >= {least}"
         raise ValueError(f"{key}={value!r} must be {need}")
-
-
-def read_json(path, missing: str):
-    """The JSON document in the file `path`; `missing` is the error when there is no such file.
-    An unreadable file or invalid JSON is one ValueError line naming the file."""
-    import json
-
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise ValueError(missing) from None
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror}") from None
-    try:
-        return json.loads(raw)
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None

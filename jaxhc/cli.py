@@ -20,8 +20,7 @@ import argparse
 import os
 import sys
 
-from jaxhc._compat import set_cpu_device_count
-from jaxhc.launch import host_devices
+from jaxhc.launch import host_devices, set_cpu_device_count
 from jaxhc.policy import Policy
 from jaxhc.train.progress import Progress
 from jaxhc.workflow import commands as workflow

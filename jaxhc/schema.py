@@ -1,4 +1,5 @@
-"""One strict loader for every YAML jaxhc reads: a mapping checked against a dataclass.
+"""One strict loader for every YAML jaxhc reads: a mapping checked against a dataclass; and
+the readers of its YAML and JSON files (`read_yaml`, `read_json`), whose errors name the file.
 
 The dataclasses are the schema: their fields name the keys, their annotations the types, their
 ``__post_init__`` the ranges and the rules between keys. `structure` builds one from a mapping
@@ -31,7 +32,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-__all__ = ["Invalid", "merged", "read_yaml", "structure", "yaml_value"]
+__all__ = ["Invalid", "merged", "read_json", "read_yaml", "structure", "yaml_value"]
 
 T = TypeVar("T")
 
@@ -330,3 +331,35 @@ def yaml_value(text: str, where: str, marks: bool = False):
             where = f"{where}:{mark.line + 1}:{mark.column + 1}"
         problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
         raise ValueError(f"{where}: not valid YAML ({problem})") from None
+
+
+def read_json(path, missing: str):
+    """The JSON document in the file `path` (a run's config, a dataset's metadata, a Hugging
+    Face config); `missing` is the error when there is no such file. An
+    unreadable file or invalid JSON is one ValueError line naming the file.
+
+    >>> import os, tempfile
+    >>> from jaxhc.schema import read_json
+    >>> read_json("/nonexistent/config.json", "--run /nonexistent: no config.json")
+    Traceback (most recent call last):
+    ValueError: --run /nonexistent: no config.json
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    ...     _ = f.write('{"model": ')
+    >>> read_json(f.name, "missing")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: ....json: not valid JSON (Expecting value: line 1 column 11 (char 10))
+    >>> os.remove(f.name)
+    """
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise ValueError(missing) from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None

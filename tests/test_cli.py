@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxhc._compat import set_cpu_device_count
+from jaxhc.launch import set_cpu_device_count
 from jaxhc.train.progress import Progress
 from tests.test_train import TINY
 

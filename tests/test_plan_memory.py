@@ -7,6 +7,7 @@ among them."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from jaxhc.parallel.state import Plan
 from jaxhc.plan import cluster as clusters
 from jaxhc.plan import state_bytes
 from jaxhc.plan.cost import codec_by_policy, spec_policy
-from jaxhc.plan.layout import Layout, device_params, device_segments
+from jaxhc.plan.layout import Layout, device_params, device_segments, trainable
 from jaxhc.plan.search import evaluate
 from jaxhc.plan.shapes import from_gpt
 
@@ -84,3 +85,89 @@ def test_a_block_codec_on_data_with_tensor_2_shapes_the_count():
     mesh, run, row = _row(*CASES[1])
     assert Plan(CFG, mesh, policy=run).layout.padded != Plan(CFG, mesh).layout.padded
     assert row.memory.optim == state_bytes(CFG, mesh, run).optim != state_bytes(CFG, mesh).optim
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed"])
+@pytest.mark.parametrize("data, tensor, pipe", [(1, 1, 1), (8, 1, 1), (64, 2, 4), (1024, 8, 2)])
+def test_a_shape_only_vector_is_its_segments(data, tensor, pipe, precision):
+    """A model known by its shapes (or counted in mixed precision): the padded vector is its
+    segments', each padded by the runtime layout's rule (`segment_padded`): the shared segment
+    holds the device's shared parameters and every layer its share; and without a tensor or
+    pipe split, where the shape count is the runtime's but for the final norm and the rows a
+    parameter starts on, the segments are the runtime layout's up to one padding quantum."""
+    import dataclasses
+
+    from jaxhc.parallel.layout import ALIGN, ROW
+    from jaxhc.plan.presets import load_shape
+
+    for name in ("gpt2-small", "llama-7b"):
+        shape = dataclasses.replace(load_shape(name), gpt=None)
+        lay = Layout(data, tensor, pipe, 1, 1, data, data, (data,), precision=precision)
+        size, padded = device_params(shape, lay)
+        shared, one, layers = device_segments(shape, lay)
+        q = ALIGN * data
+        assert shared % q == 0 and one % q == 0 and shared + layers * one == padded
+        assert one >= -(-shape.layer_params() // tensor) and shared + layers * one >= size
+        assert shared >= size - layers * -(-shape.layer_params() // tensor) >= 0
+        if tensor == pipe == 1 and data <= 8:
+            fl = Plan(load_shape(name).gpt, MeshConfig(data)).layout
+            rows = ROW * 16  # a parameter's last row, for the up to 16 parameters of a segment
+            norm = shape.shared_params()["ln_f"]  # not in the shape count
+            assert 0 <= fl.shared_padded - shared <= q + rows + norm
+            assert 0 <= fl.layer_padded - one <= q + rows
+
+
+def test_a_plan_of_one_data_rank_is_trainable():
+    """A tensor x pipe plan without data parallelism: the mesh its plan file writes (no
+    nested groups: ``groups: []``) is one the trainer takes."""
+    lay = Layout(1, 2, 2, 2, 1, 1, 1, (1,))
+    assert trainable(SHAPE, lay) == "yes"
+    assert MeshConfig(**lay.mesh_overrides()).shard.resolve(1) == (1, 1, 1, (1,))
+
+
+PRESETS = sorted(POLICIES.glob("*.yaml"))
+NESTED = [  # (data, tensor, pipe, groups): ZeRO-1 over nested data levels
+    (8, 1, 1, [2, 4]),
+    (4, 2, 1, [2]),
+    (2, 2, 2, None),
+]
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_the_planners_flat_layout_is_the_runs_under_every_preset(path):
+    """The codec blocks that shape the flat layout (`FlatLayout.align`, the tensor blocks) are
+    the largest lossy block of every data level's codecs (`jaxhc.Policy.data_codecs`), wherever
+    the level: the planner, which asks the same function of the same policy, gets the run's
+    layout on nested data groups too."""
+    policy = jaxhc.Policy.load(str(path))
+    for data, tensor, pipe, groups in NESTED:
+        mesh = MeshConfig(data, tensor, pipe, 1, shard={"groups": groups or []})
+        p, g, o, levels = mesh.shard.resolve(data)
+        lay = Layout(data, tensor, pipe, 1, p, g, o, levels, f"policy {path}")
+        fl = Plan(CFG, mesh, policy=policy).layout
+        assert device_params(SHAPE, lay) == (fl.size, fl.padded)
+        assert device_segments(SHAPE, lay) == (fl.shared_padded, fl.layer_padded, fl.layers)
+
+
+def test_a_codec_spec_gets_the_runs_layout_on_every_plan_searched():
+    """A codec spec goes on the data levels that cross nodes only (`spec_policy`, what the run
+    gets): on a cluster of 4-device nodes the inner levels of many plans keep no codec. Every
+    plan the search prices with a codec still counts the run's flat layout."""
+    from jaxhc.plan.search import search
+
+    quads = dataclasses.replace(CLUSTER, devices_per_node=4, nodes=2)
+    seen = set()
+    for row in search(
+        SHAPE, quads, 64, 16, codecs=("none", "q8", "zfp:8:d3"), model_parallel="all"
+    ):
+        lay = row.layout
+        key = (lay.data, lay.tensor, lay.pipe, lay.levels, lay.sizes, lay.codec)
+        if lay.codec == "none" or row.rejected.startswith("invalid") or key in seen:
+            continue
+        seen.add(key)
+        run = spec_policy(lay.codec, lay, quads)
+        mesh = MeshConfig(**lay.mesh_overrides())
+        fl = Plan(CFG, mesh, policy=run and jaxhc.Policy.from_dict(run)).layout
+        assert device_params(SHAPE, lay) == (fl.size, fl.padded), key
+        assert device_segments(SHAPE, lay) == (fl.shared_padded, fl.layer_padded, fl.layers)
+    assert any(len(k[3]) > 1 and k[3][0] * k[1] * k[2] <= 4 for k in seen)  # an inner level

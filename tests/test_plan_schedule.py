@@ -235,11 +235,17 @@ def test_amsp_setting_table_and_schedule():
     assert _best(flat30, (8, 8, 32)).comm_seconds > _best(flat30, (8, 8, 8)).comm_seconds
     # 7B: AMSP's schedule on flat links, nested at the node as jaxhc nests: the one all-reduce
     # over all 1024 GPUs (its node's hops pipelined in the ring) and a broadcast exchange inside
-    # the node rank (1, 1, 8) first (its time ties (1, 1, 4) and (1, 1, 2) to 3 digits: less
-    # memory decides)
+    # the node. The plans that replicate P and G, (1, 1, s), differ only in that exchange: they
+    # rank first, within 0.2 % of each other and over 5 % ahead of the next plan, and AMSP's
+    # (1, 1, 8) needs the least memory of them. (Which of the three is first depends on where
+    # rounding to 3 digits cuts times 0.1 % apart: not asserted.)
     nested = dataclasses.replace(plain, nesting="node")
-    r7 = rows("llama-7b", nested)
-    assert r7[0].layout.sizes == (1, 1, 8)
+    r7 = [r for r in rows("llama-7b", nested) if not r.rejected]
+    replicated = [_best(r7, (1, 1, s)) for s in (2, 4, 8)]
+    assert sorted(r.layout.sizes for r in r7[:3]) == [(1, 1, 2), (1, 1, 4), (1, 1, 8)]
+    times = [r.comm_seconds for r in replicated]
+    assert max(times) < 1.002 * min(times) and r7[3].comm_seconds > 1.05 * max(times)
+    assert min(replicated, key=lambda r: r.memory.total).layout.sizes == (1, 1, 8)
     assert _best(r7, (1, 8, 8)).comm_seconds > r7[0].comm_seconds
 
 

@@ -11,28 +11,49 @@ the shared /tmp by host name, and with one name for all hosts 4-host jobs failed
 in 5.
 
 Names start with `jaxhc-links-<pid>-`, pid the process that made them, so `remove_leftovers()` can
-find and delete what a killed run left behind (and leaves a live run's cluster alone).
+find and delete what a killed run left behind (and leaves a live run's cluster alone): the
+namespaces themselves are `netns`'s, the processes started in them `procs`'s.
 """
 
 from __future__ import annotations
 
 import atexit
-import glob
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 
+from .netns import (
+    IFACE,
+    PREFIX,
+    SUBNET,
+    ClusterError,
+    check_available,
+    delete_namespace,
+    ip,
+    namespaces,
+    remove_leftovers,
+    sh,
+)
+from .procs import environ, how, kill_group, watch
 from .rates import parse_rate, rate_label
 
-PREFIX = "jaxhc-links-"
-SUBNET = "10.77.0.0/24"
-IFACE = "veth0"
+__all__ = [
+    "COORDINATOR_PORT",
+    "IFACE",
+    "PREFIX",
+    "SUBNET",
+    "Cluster",
+    "ClusterError",
+    "Interrupted",
+    "check_available",
+    "namespaces",
+    "remove_leftovers",
+]
+
 COORDINATOR_PORT = 47000  # jax.distributed's coordinator, in host 0 (each host has its own ports)
 _TBF = ("burst", "256kb", "latency", "50ms")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -49,90 +70,12 @@ exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns; $*"
 """
 
 
-class ClusterError(RuntimeError):
-    """The cluster cannot be made or used (not root, no namespaces, a command failed)."""
-
-
 class Interrupted(KeyboardInterrupt):
     """SIGINT, SIGTERM or SIGHUP arrived while a cluster was up (`signum` says which)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-def check_available() -> None:
-    """Raise ClusterError (one line) unless this process can make network namespaces."""
-    if os.geteuid() != 0:
-        uid = os.geteuid()
-        raise ClusterError(f"needs root to create network namespaces (running as uid {uid})")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            raise ClusterError(f"'{tool}' (iproute2) is not installed")
-    probe = f"{PREFIX}{os.getpid()}-probe"
-    _ip("netns", "add", probe, what="cannot create network namespaces")
-    _ip("netns", "del", probe, what="cannot delete network namespace")
-
-
-def _ip(*args: str, what: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return _sh(["ip", *args], what=what, check=check)
-
-
-def _sh(argv: list[str], what=None, check=True) -> subprocess.CompletedProcess:
-    p = subprocess.run(argv, capture_output=True, text=True)
-    if check and p.returncode:
-        msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
-        raise ClusterError(f"{what or ' '.join(argv)}: {msg}")
-    return p
-
-
-def namespaces() -> list[str]:
-    """This tool's namespaces on the machine (any run's)."""
-    out = _ip("netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
-
-
-def _owner_alive(name: str) -> bool:
-    m = re.match(re.escape(PREFIX) + r"(\d+)-", name)
-    if not m:
-        return False
-    try:
-        os.kill(int(m.group(1)), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def remove_leftovers(*, all_runs: bool = False) -> list[str]:
-    """Delete the namespaces (and agent folders) of runs whose process is gone (`all_runs`: of
-    every run); returns the namespaces' names."""
-    gone = [n for n in namespaces() if all_runs or not _owner_alive(n)]
-    for name in gone:
-        _delete_namespace(name)
-    for folder in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*")):
-        if all_runs or not _owner_alive(os.path.basename(folder)):
-            shutil.rmtree(folder, ignore_errors=True)
-    return gone
-
-
-def _delete_namespace(name: str) -> None:
-    """End the processes still inside `name` (TERM, then KILL after 3 s), then delete it."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _pids(name):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 3
-        while _pids(name) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    _ip("netns", "del", name, check=False)
-
-
-def _pids(name: str) -> list[int]:
-    return [int(p) for p in _ip("netns", "pids", name, check=False).stdout.split()]
 
 
 class Cluster:
@@ -188,16 +131,16 @@ class Cluster:
         atexit.register(self.close)
         bridge = self.bridge
         self._add_namespace(bridge)
-        _ip("-n", bridge, "link", "add", "br0", "type", "bridge")
-        _ip("-n", bridge, "link", "set", "br0", "up")
+        ip("-n", bridge, "link", "add", "br0", "type", "bridge")
+        ip("-n", bridge, "link", "set", "br0", "up")
         for i, (ns, addr) in enumerate(zip(self.names, self.addresses, strict=True)):
             self._add_namespace(ns)
             peer = f"h{i}"
-            _ip("link", "add", IFACE, "netns", ns, "type", "veth", "peer", peer, "netns", bridge)
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", IFACE)
-            _ip("-n", ns, "link", "set", IFACE, "up")
-            _ip("-n", bridge, "link", "set", peer, "master", "br0")
-            _ip("-n", bridge, "link", "set", peer, "up")
+            ip("link", "add", IFACE, "netns", ns, "type", "veth", "peer", peer, "netns", bridge)
+            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", IFACE)
+            ip("-n", ns, "link", "set", IFACE, "up")
+            ip("-n", bridge, "link", "set", peer, "master", "br0")
+            ip("-n", bridge, "link", "set", peer, "up")
         self._tmp = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
         self._agent = os.path.join(self._tmp, "agent.sh")
         hosts = zip(self.addresses, self.names, strict=True)
@@ -208,9 +151,9 @@ class Cluster:
         self.set_rate(self.rate)
 
     def _add_namespace(self, name: str) -> None:
-        _ip("netns", "add", name, what="cannot create network namespaces")
+        ip("netns", "add", name, what="cannot create network namespaces")
         self._made.append(name)
-        _ip("-n", name, "link", "set", "lo", "up")
+        ip("-n", name, "link", "set", "lo", "up")
 
     def close(self) -> None:
         """End what runs in the hosts and delete the namespaces (idempotent).
@@ -226,10 +169,10 @@ class Cluster:
 
     def _teardown(self) -> None:
         for p in self._procs:
-            _kill_group(p)
+            kill_group(p)
         self._procs.clear()
         for name in reversed(self._made):
-            _delete_namespace(name)
+            delete_namespace(name)
         self._made.clear()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
@@ -259,16 +202,16 @@ class Cluster:
         for ns in self.names:
             if bits is None:
                 if "tbf" in self.qdisc(ns):
-                    _sh(["tc", "-n", ns, "qdisc", "del", "dev", IFACE, "root"])
+                    sh(["tc", "-n", ns, "qdisc", "del", "dev", IFACE, "root"])
             else:
                 tbf = ["tbf", "rate", f"{bits:.0f}bit", *_TBF]
-                _sh(["tc", "-n", ns, "qdisc", "replace", "dev", IFACE, "root", *tbf])
+                sh(["tc", "-n", ns, "qdisc", "replace", "dev", IFACE, "root", *tbf])
         self.rate = rate_label(rate)
 
     def qdisc(self, host: int | str) -> str:
         """`tc qdisc show` of a host's interface (host index or namespace name)."""
         ns = self.names[host] if isinstance(host, int) else host
-        return _sh(["tc", "-n", ns, "qdisc", "show", "dev", IFACE]).stdout.strip()
+        return sh(["tc", "-n", ns, "qdisc", "show", "dev", IFACE]).stdout.strip()
 
     @property
     def rate_bits(self) -> float | None:
@@ -348,10 +291,10 @@ class Cluster:
         try:
             stdout, stderr = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(p)
+            kill_group(p)
             raise ClusterError(f"{label} timed out after {timeout:g} s in the cluster") from None
         finally:
-            _kill_group(p)
+            kill_group(p)
             self._procs.remove(p)
         if check and p.returncode:
             tail = (stderr or "").strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
@@ -403,7 +346,7 @@ class Cluster:
                     logs.append(log)
                 p = subprocess.Popen(
                     self.host_argv(host, command),
-                    env=_environ(env, self.distributed_env(host, port)),
+                    env=environ(env, self.distributed_env(host, port)),
                     stdout=log, stderr=subprocess.STDOUT if capture else None, text=True,
                     start_new_session=True,
                 )  # fmt: skip
@@ -411,12 +354,12 @@ class Cluster:
                 self._procs.append(p)
             if on_start is not None:
                 on_start(procs)
-            failed, later, ended = _watch(procs, timeout, grace)
+            failed, later, ended = watch(procs, timeout, grace)
             if failed == "timeout":
                 raise ClusterError(f"{label} timed out after {timeout:g} s in the cluster")
         finally:
             for p in procs:
-                _kill_group(p)
+                kill_group(p)
                 self._procs.remove(p)
         outputs = []
         for log in logs:
@@ -435,15 +378,15 @@ class Cluster:
         host = first[0]
         parts = [
             f"{label} failed in the cluster: host {host} ({self.names[host]}, "
-            f"{self.addresses[host]}) {_how(procs[host].returncode)} first"
+            f"{self.addresses[host]}) {how(procs[host].returncode)} first"
         ]
         for i, p in enumerate(procs):
             if i in ended:
                 parts.append(f"host {i} was still running {grace:g} s later and was ended")
             elif i in later:
-                parts.append(f"host {i} {_how(p.returncode)} {later[i]:.1f} s later")
+                parts.append(f"host {i} {how(p.returncode)} {later[i]:.1f} s later")
             elif i != host:
-                parts.append(f"host {i} {_how(p.returncode)} before it")
+                parts.append(f"host {i} {how(p.returncode)} before it")
         return "; ".join(parts)
 
     def throughput(self, src: int = 0, dst: int = 1, nbytes: int = 32 << 20) -> float:
@@ -459,74 +402,11 @@ class Cluster:
             self.run_on(src, client, timeout=600, capture=True)
             got, timed, seconds = srv.communicate(timeout=60)[0].split()
         finally:
-            _kill_group(srv)
+            kill_group(srv)
             self._procs.remove(srv)
         if int(got) != nbytes:
             raise ClusterError(f"throughput probe: received {got} of {nbytes} bytes")
         return int(timed) * 8 / float(seconds)
-
-
-def _environ(*changes: dict | None) -> dict:
-    env = dict(os.environ)
-    for change in changes:
-        for k, v in (change or {}).items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
-    return env
-
-
-def _how(returncode: int) -> str:
-    if returncode < 0:
-        return f"was killed by {signal.Signals(-returncode).name}"
-    return f"exited with status {returncode}"
-
-
-def _watch(procs: list[subprocess.Popen], timeout, grace):
-    """Wait for `procs`. Returns (first, later, ended): `first` the (index, seconds from the start)
-    of the first process that failed, None, or "timeout"; `later` {index: seconds after that
-    failure} of the processes that ended by themselves after it; `ended` the indices of those
-    still running `grace` seconds after it, which this ended."""
-    start = time.monotonic()
-    first, later, done = None, {}, set()
-    while True:
-        now = time.monotonic() - start
-        for i, p in enumerate(procs):
-            if i not in done and p.poll() is not None:
-                done.add(i)
-                if first is None and p.returncode != 0:
-                    first = (i, now)
-                elif first is not None:
-                    later[i] = now - first[1]
-        if len(done) == len(procs):
-            return first, later, set()
-        if timeout is not None and now > timeout:
-            return "timeout", later, set()
-        if first is not None and now - first[1] > grace:
-            left = {i for i in range(len(procs)) if i not in done}
-            for i in left:
-                _kill_group(procs[i])
-            return first, later, left
-        time.sleep(0.05)
-
-
-def _kill_group(p: subprocess.Popen) -> None:
-    """End the process group `p` leads (it was started with start_new_session)."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        except ProcessLookupError:
-            pass
-    else:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # stragglers of a finished leader
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 _RECV = """

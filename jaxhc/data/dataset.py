@@ -17,10 +17,10 @@ import os
 
 import numpy as np
 
-from jaxhc._checks import read_json
 from jaxhc.data.corpus import Batches, corpus_bytes
 from jaxhc.data.sources import hash_file
 from jaxhc.data.tokenizer import Tokenizer
+from jaxhc.schema import read_json
 
 __all__ = ["FORMAT", "META", "Dataset", "Shards", "read_meta"]
 

@@ -3,7 +3,8 @@
 `Launcher` / `run` run a per-shard function (what one passes to `jax.shard_map`) either with
 `shard_map` on XLA devices (local, or every process's after `init_distributed`) or with one MPI
 process per device (`mpirun -np <devices>`), where jaxhc's collectives go through mpi4jax.
-`ProcessEnv` reads a process's place in the job from mpirun, SLURM or JAXHC_* variables.
+`ProcessEnv` reads a process's place in the job from mpirun, SLURM or JAXHC_* variables;
+`set_cpu_device_count` gives jax's CPU backend the host devices a run needs, before it starts.
 
 >>> from jax.sharding import PartitionSpec as P
 >>> jaxhc.launch.run(lambda x: jaxhc.psum(x, "data"), np.ones((2, 3), np.float32),
@@ -11,6 +12,7 @@ process per device (`mpirun -np <devices>`), where jaxhc's collectives go throug
 array([[2., 2., 2.]], dtype=float32)
 """
 
+from jaxhc.launch._cpu import set_cpu_device_count as set_cpu_device_count
 from jaxhc.launch._env import ProcessEnv as ProcessEnv
 from jaxhc.launch._env import first_host as first_host
 from jaxhc.launch._env import host_devices as host_devices
@@ -35,4 +37,5 @@ __all__ = [
     "install_abort_hook",
     "resolve_transport",
     "run",
+    "set_cpu_device_count",
 ]

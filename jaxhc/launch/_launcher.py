@@ -90,7 +90,7 @@ def init_distributed(
         heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
     if cpu_collectives == "gloo" and (gloo_hostname or gloo_interface):
-        from jaxhc._compat import use_gloo_address
+        from jaxhc.launch._cpu import use_gloo_address
 
         use_gloo_address(gloo_hostname, gloo_interface)
     return env

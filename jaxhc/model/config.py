@@ -207,7 +207,9 @@ class ShardConfig:
             levels = sorted({s for s in sizes.values() if 1 < s < data})
         else:
             levels = list(self.groups)
-            for low, high in zip([1, *levels], [*levels, data], strict=True):
+            # no groups (a plan file's data axis of one level, data 1 included): nothing nested
+            nested = zip([1, *levels], [*levels, data], strict=True) if levels else ()
+            for low, high in nested:
                 if high % low or high == low:
                     raise ValueError(
                         f"mesh.shard.groups={list(self.groups)}: each size must be a proper "

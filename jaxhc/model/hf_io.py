@@ -17,7 +17,6 @@ import os
 
 import numpy as np
 
-from jaxhc._checks import read_json
 from jaxhc.model.config import GPTConfig
 from jaxhc.model.hf import (
     config_of,
@@ -27,6 +26,7 @@ from jaxhc.model.hf import (
     hf_config,
     to_state_dict,
 )
+from jaxhc.schema import read_json
 
 __all__ = ["initial_params", "load_pretrained", "read_config", "save_pretrained"]
 

@@ -109,6 +109,16 @@ def _round_up(n: int, q: int) -> int:
     return -(-n // q) * q
 
 
+def segment_padded(values: int, data: int, align: int = ALIGN) -> int:
+    """A segment of `values` values padded as `FlatLayout` pads each of its segments: to `data`
+    equal pieces of whole codec blocks (`align` values: `ALIGN`, or `FlatLayout.align`).
+
+    >>> segment_padded(1000, 2), segment_padded(512, 2)
+    (1024, 512)
+    """
+    return _round_up(values, align * data)
+
+
 def per_value(rows: jax.Array) -> jax.Array:
     """A per-row mask (`FlatLayout.rows`) as one value per stored element."""
     return jnp.broadcast_to(rows[:, None], (rows.shape[0], ROW)).reshape(-1)
@@ -180,12 +190,11 @@ class FlatLayout:
         split = ["tensor" in self.split_over[i] for i in self.block_leaves]
         self.shared_starts = self._starts(self.shared_sizes)  # all replicated over "tensor"
         self.layer_starts = self._starts(self.layer_sizes, split, cut)
-        quantum = self.align * mesh_cfg.data  # pieces of whole codec blocks (see ALIGN)
         shared_values = self.shared_starts[-1] + _round_up(self.shared_sizes[-1], ROW)
-        self.shared_padded = _round_up(shared_values, quantum)
+        self.shared_padded = segment_padded(shared_values, mesh_cfg.data, self.align)
         self.layer_values = sum(self.layer_sizes)  # a layer's values, unpadded
         layer_rows = self.layer_starts[-1] + _round_up(self.layer_sizes[-1], ROW)
-        self.layer_padded = _round_up(layer_rows, quantum)
+        self.layer_padded = segment_padded(layer_rows, mesh_cfg.data, self.align)
         # The width of a piece (one per data rank): its shared part, then each layer's part.
         self.shared_width = self.shared_padded // mesh_cfg.data
         self.layer_width = self.layer_padded // mesh_cfg.data

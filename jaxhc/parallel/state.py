@@ -336,18 +336,24 @@ def from_single(params, mesh: Mesh) -> dict:
     )
 
 
+# The axes over which a shared parameter's copies are bit-identical (`_first_stage_copy`).
+_REPLICAS = {"data": 0, "tensor": 0}
+
+
 def _first_stage_copy(x):
-    """A parameter every stage holds, from a device of the first pipeline stage (its canonical
-    copy; another stage's may be stale, see `jaxhc.parallel.layout`; the data and tensor ranks'
-    copies are identical): a host array as it is. Any process holding a first-stage device
-    answers, as multi-process runs need."""
+    """A parameter every stage holds, from its canonical copy (`jaxhc.partition.owns_block`: the
+    first pipeline stage's; another stage's may be stale, see `jaxhc.parallel.layout`): a host
+    array as it is. The data and tensor ranks' copies of a stage are identical, so any device of
+    the first stage stands for its rank 0, and any process holding one answers, as multi-process
+    runs need."""
     if not isinstance(x, jax.Array) or not isinstance(x.sharding, NamedSharding):
         return jax.device_get(x)
     mesh = x.sharding.mesh
-    pipe = list(mesh.axis_names).index("pipe")
+    shape = dict(mesh.shape)
     for shard in x.addressable_shards:
         where = np.argwhere(mesh.devices == shard.device)[0]
-        if where[pipe] == 0:
+        coords = {a: int(c) for a, c in zip(mesh.axis_names, where, strict=True)}
+        if partition.owns_block(x.sharding.spec, x.ndim, {**coords, **_REPLICAS}, shape):
             return np.asarray(shard.data)
     raise ValueError("params_to_single: no device of the first pipeline stage is in this process")
 

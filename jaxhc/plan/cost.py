@@ -3,9 +3,10 @@
 Memory (bytes per device; psi = the device's parameters, its tensor x pipe block):
   float32 (jaxhc): P = 4 psi (s_p = 1: the parameter tree) or 4 psi_pad / s_p (its chunk of the
                    padded flat vector: its segments, the shared parameters and each layer, in
-                   data pieces of whole codec blocks; estimated: 4 x data), G = 4 psi_pad / s_g
-                   (the reduced chunk, a
-                   temporary), OS = 12 psi_pad / s_os (two AdamW moments and the master copy) + 8,
+                   data pieces of whole codec blocks; a model known by its shapes: each
+                   segment so padded, `jaxhc.plan.layout.device_segments`), G = 4 psi_pad /
+                   s_g (the reduced chunk, a temporary), OS = 12 psi_pad / s_os (two AdamW
+                   moments and the master copy) + 8,
                    with error feedback + 4 x the residual of every reduce-scatter level (the
                    vector it sends: psi_pad innermost, 1/(the inner levels' ranks) of it further
                    out); psi, for a model jaxhc trains, its flat layout's count: the count of

@@ -104,6 +104,12 @@ class Layout:
 
 @functools.lru_cache(maxsize=256)
 def _flat_layout(gpt, data: int, tensor: int, pipe: int, codec: str):
+    """The runtime's flat layout of a plan (`jaxhc.parallel.state.flat_layout`). Its codec
+    blocks are the largest lossy block among the codecs of every data level
+    (`jaxhc.Policy.data_codecs`), whichever level sends them and however the data axis nests:
+    a codec spec on the whole data axis gives the layout of the run's policy, which puts it on
+    the levels that cross nodes only (`jaxhc.plan.cost.spec_policy`), whenever one does, as on
+    every plan the search prices with a codec (tests/test_plan_memory.py checks both routes)."""
     from jaxhc.model.config import MeshConfig
     from jaxhc.parallel.state import flat_layout
     from jaxhc.policy import Policy
@@ -125,29 +131,36 @@ def _param_shapes(gpt):
 
 def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
     """(parameters on the device, its padded flat vector): exact (jaxhc's layout) for a model
-    jaxhc trains in float32, else `ModelShape.device_params` padded to 4 x data."""
+    jaxhc trains in float32, else `ModelShape.device_params` and the sum of the padded segments
+    `device_segments` gives."""
     if shape.gpt is not None and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe, lay.codec)
         return fl.size, fl.padded
-    size = shape.device_params(lay.tensor, lay.pipe)
-    q = 4 * lay.data
-    return size, -(-size // q) * q
+    shared, layer, layers = _shape_segments(shape, lay)
+    return shape.device_params(lay.tensor, lay.pipe), shared + layers * layer
 
 
 def device_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
     """(shared segment, one layer's segment, local layers) of the device's flat vector, padded
-    values (`jaxhc.parallel.layout.FlatLayout`): exact for a model jaxhc trains in float32."""
-    from jaxhc.parallel.layout import ALIGN
-
-    layers = shape.layers // lay.pipe
-    q = ALIGN * lay.data
+    values (`jaxhc.parallel.layout.FlatLayout`): exact for a model jaxhc trains in float32,
+    else its segments padded by FlatLayout's rule (`jaxhc.parallel.layout.segment_padded`, the
+    default codec blocks; no parameter's row padding): the shared parameters (all but the
+    layers' of `ModelShape.device_params`) and a layer's share of the tensor split."""
     if shape.gpt is not None and lay.precision == "float32":
         fl = _flat_layout(shape.gpt, lay.data, lay.tensor, lay.pipe, lay.codec)
         return fl.shared_padded, fl.layer_padded, fl.layers
-    _, padded = device_params(shape, lay)
-    per_device = -(-shape.layer_params() // lay.tensor)
-    layer = -(-per_device // q) * q
-    return max(padded - layers * layer, 0), layer, layers
+    return _shape_segments(shape, lay)
+
+
+def _shape_segments(shape: ModelShape, lay: Layout) -> tuple[int, int, int]:
+    """`device_segments` of a model known by its shapes only (or counted in mixed precision):
+    the one rule `device_params` sums too."""
+    from jaxhc.parallel.layout import segment_padded
+
+    layers = shape.layers // lay.pipe
+    one = -(-shape.layer_params() // lay.tensor)
+    shared = max(shape.device_params(lay.tensor, lay.pipe) - layers * one, 0)
+    return segment_padded(shared, lay.data), segment_padded(one, lay.data), layers
 
 
 def tokens_per_microbatch(lay: Layout, batch: int, seq: int) -> tuple[int, int]:

@@ -13,10 +13,10 @@ import os
 
 import numpy as np
 
-from jaxhc._checks import read_json
 from jaxhc.data import Tokenizer
 from jaxhc.data.dataset import TOKENIZER
 from jaxhc.model.config import GPTConfig
+from jaxhc.schema import read_json
 from jaxhc.train.checkpoint import Checkpoints
 
 __all__ = ["Run"]
