@@ -413,18 +413,15 @@ axes:
 def test_nested_error_feedback_keeps_a_residual_per_level_and_is_plan_free(tmp_path):
     """zfp:8 with error feedback on the gradients of groups [2, 4] (parameters exchanged raw):
     each level's reduce-scatter keeps its residual (the padded vector, then 1/2, then 1/4 of
-    it); the residuals depend on the levels only, so ZeRO, (2, 8, 8) and ZeRO-3 give the same
+    it); the residuals depend on the levels only, so ZeRO and ZeRO-3 give the same
     losses bit for bit, and the codec's loss stays close to the uncompressed run. (A plan with
     s_g < data also all-gathers the lossy gradient chunks back, without residual: other bits.)"""
     policy = tmp_path / "ef.yaml"
     policy.write_text(EF_POLICY)
     batches = Batches(corpus_bytes(), 16, CFG.block_size, 0)
     got = {}
-    for shard in (
-        {"groups": [2, 4]},
-        {"params": 2, "groups": [2, 4]},
-        {"params": 8, "groups": [2, 4]},
-    ):
+    # (2, 8, 8) resumes into both of these in the slow test below (CI time)
+    for shard in ({"groups": [2, 4]}, {"params": 8, "groups": [2, 4]}):
         r = _runner(shard, str(policy))
         state, losses = step_losses(r, r.init_state(), batches, range(3))
         got[str(shard)] = losses

@@ -1,6 +1,7 @@
 """jaxhc.host_memory: after reuse_freed_memory(), glibc serves a 64 MiB block that a thread other
-than the first allocates from its main heap (no fresh mapping) and keeps it when freed; without it, the block is a fresh mapping. Each case runs
-in a child process (the setting is process-wide and cannot be undone)."""
+than the first allocates from its main heap (no fresh mapping) and keeps it when freed; without
+it, the block is a fresh mapping. Each case runs in a child process (the setting is process-wide
+and cannot be undone)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ def _keep(data):
 
 @pytest.mark.parametrize(
     "policy, data, micro",
-    [("none", 4, 1), ("zfp8", 4, 1), pytest.param("q4_1024", 4, 1, marks=pytest.mark.slow)]
+    [pytest.param(p, 4, 1, marks=pytest.mark.slow) for p in ("none", "q4_1024")]
+    + [("zfp8", 4, 1)]
     + [pytest.param(p, 2, 2, marks=pytest.mark.slow) for p in ("none", "zfp8")],  # CI time
 )
 def test_keep_is_zero_1_bit_for_bit(policy, data, micro):
@@ -123,7 +124,7 @@ def _runner(shard: dict, policy) -> XlaRunner:
     return XlaRunner(cfg, jax.devices()[:2])
 
 
-@pytest.mark.parametrize("policy", ["none", "zfp8"])
+@pytest.mark.parametrize("policy", [pytest.param("none", marks=pytest.mark.slow), "zfp8"])
 def test_a_checkpoint_of_keep_resumes_bit_for_bit(tmp_path, policy):
     """Saved after two steps, restored into a fresh state: the next two losses and the final
     optimizer state are the uninterrupted run's."""

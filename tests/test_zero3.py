@@ -169,7 +169,10 @@ def test_per_layer_gathering_gives_the_bits_of_whole_gathering(tensor, pipe):
     np.testing.assert_array_equal(layer[1], whole[1])
 
 
-@pytest.mark.parametrize("tensor, pipe", [(1, 1), (1, 2)])
+@pytest.mark.parametrize(
+    "tensor, pipe",
+    [(1, 1), pytest.param(1, 2, marks=pytest.mark.slow)],  # CI time
+)
 def test_the_ledger_counts_each_gather_forward_and_backward(tensor, pipe):
     """Per device and step over a data axis of k ranks: the shared segment gathered once, each
     local layer's 2 x microbatches times ((k - 1) / k of its segment each: the forward and the
