@@ -177,6 +177,7 @@ axes:
 """
 
 
+@pytest.mark.slow  # CI time: the quick suite resumes error-feedback residuals with q4:h below
 def test_resume_continues_bit_exactly(tmp_path):
     """Every message compressed, gradients with error feedback: the residuals are in the checkpoint
     (non-zero, one padded vector per device) and resuming from them continues bit for bit."""
