@@ -124,8 +124,11 @@ def round_trip(x, bits: int, block: int, stochastic: bool = False, seed: int = 0
 # Per block of B = 2^b values (the last one zero-padded), a = max |x|: NaN/Inf or a >= 2^116 makes
 # the row not ok and its block a zero block, as does a < 2^-96 (ok). With E = a's exponent:
 # q = rint(x * 2^(19 - E)) (float32 product), negated where negated(i); y = H q exactly (scipy's
-# Hadamard matrix); sigma = sqrt(sum q^2); thresholds floor(t * sigma); code K + k (K - 1 - k for
-# y < 0), k = how many thresholds lie below |y|; scale float32(sigma * 2^-(b + 35 - E)). Decode: a
+# Hadamard matrix); sigma = sqrt(sum q^2); thresholds floor(t * G); code K + k (K - 1 - k for
+# y < 0), k = how many thresholds lie below |y|; scale float32(g * 2^-(b + 35 - E)). 8 bits: G = g =
+# sigma. 4 bits: G = sigma * f for f in SCALE_FACTORS, each with its least-squares gain g =
+# 2^16 A / Q (A = sum |y| L(k), Q = sum L(k)^2, exact integers) clipped to [sigma / 2, 3 sigma / 2]
+# and its error e = g (g Q - 2^17 A) (float64); the first of the least e is kept. Decode: a
 # scale outside [2^-123, 2^98) gives zeros; else float32(H levels) * scale, negated where
 # negated(i), rounded to the output type.
 
@@ -146,8 +149,38 @@ def rotated_payload_bytes(n: int, bits: int, block: int) -> int:
     return payload_bytes(-(-n // block) * block, bits, block)
 
 
-def rotated_encode(x, bits: int, block: int, thresholds) -> tuple[bytes, bool]:
-    """(payload, ok) of q<bits>:h on the flattened x; `thresholds`: the positive half (float32)."""
+SCALE_FACTORS = (1.0, 0.9, 1.1)
+
+
+def k_of(y: np.ndarray, t: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """How many of the thresholds floor(t * g) (per block) lie below |y|."""
+    thr = np.floor(t[None, :] * g[:, None])
+    return (np.abs(y)[:, :, None] > thr[:, None, :]).sum(axis=2)
+
+
+def scale_choice(y, sigma, t, levels) -> tuple[np.ndarray, np.ndarray]:
+    """(k, g) per block of q4:h's chosen candidate."""
+    lv = np.asarray(levels, np.int64)
+    for c, f in enumerate(SCALE_FACTORS):
+        k = k_of(y, t, sigma * f)
+        L = lv[k]
+        a = (np.abs(y) * L).sum(axis=1).astype(np.float64) * 65536.0
+        q = (L * L).sum(axis=1).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            g = np.minimum(np.maximum(a / q, sigma * 0.5), sigma * 1.5)
+            e = g * (g * q - 2.0 * a)
+        if c == 0:
+            best_k, best_g, best_e = k, g, e
+        else:
+            better = e < best_e
+            best_k = np.where(better[:, None], k, best_k)
+            best_g, best_e = np.where(better, g, best_g), np.where(better, e, best_e)
+    return best_k, best_g
+
+
+def rotated_encode(x, bits: int, block: int, thresholds, levels) -> tuple[bytes, bool]:
+    """(payload, ok) of q<bits>:h on the flattened x; `thresholds`: the positive half (float32),
+    `levels`: the positive half as integers of 2^-16."""
     x32, rows, amax = blocks_of(x, block)
     n, b = x32.size, block.bit_length() - 1
     zero = (amax >= HUGE_BITS) | (amax < TINY_ROT_BITS)
@@ -158,14 +191,14 @@ def rotated_encode(x, bits: int, block: int, thresholds) -> tuple[bytes, bool]:
     q = np.where(negated(block), -q, q).astype(np.int64)
     y = q @ hadamard(block).astype(np.int64).T
     sigma = np.sqrt((q * q).sum(axis=1).astype(np.float64))
-    thr = np.floor(np.asarray(thresholds, np.float32).astype(np.float64)[None, :] * sigma[:, None])
-    k = (np.abs(y)[:, :, None] > thr[:, None, :]).sum(axis=2)
+    t = np.asarray(thresholds, np.float32).astype(np.float64)
+    k, g = scale_choice(y, sigma, t, levels) if bits == 4 else (k_of(y, t, sigma), sigma)
     half = 1 << (bits - 1)
     codes = np.where(y < 0, half - 1 - k, half + k)
     codes = np.where(zero[:, None], 0, codes).astype(np.uint8).reshape(-1)
     if bits == 4:
         codes = (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8)
-    scale = np.ldexp(sigma, -(b + 35 - e)).astype(np.float32)
+    scale = np.ldexp(g, -(b + 35 - e)).astype(np.float32)
     scale = np.where(zero, np.float32(0), scale)
     out = scale.tobytes() + codes.tobytes()
     out += b"\0" * (rotated_payload_bytes(n, bits, block) - len(out))

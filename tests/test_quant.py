@@ -181,7 +181,7 @@ def oracle(x: np.ndarray, codec: Quant):
         payload, ok = oracle_encode(x, codec.bits, codec.block, codec.stochastic, codec.seed)
         return payload, ok, oracle_decode(payload, x.size, codec.bits, codec.block, x.dtype)
     levels, thresholds = _native.cpu.quant_levels(codec.bits)
-    payload, ok = rotated_encode(x, codec.bits, codec.block, thresholds)
+    payload, ok = rotated_encode(x, codec.bits, codec.block, thresholds, levels)
     return payload, ok, rotated_decode(payload, x.size, codec.bits, codec.block, levels, x.dtype)
 
 
@@ -377,9 +377,10 @@ def test_thread_counts_give_the_oracle_bytes():
         total = rt[0] + rt[1] + rt[2]
         want[spec] = [hashlib.sha256(a).hexdigest() for a in (p, rt[0].tobytes(), total.tobytes())]
     levels, thresholds = _native.cpu.quant_levels(4)
-    p = rotated_encode(x[0], 4, 256, thresholds)[0]
+    p = rotated_encode(x[0], 4, 256, thresholds, levels)[0]
     rt = [
-        rotated_decode(rotated_encode(r, 4, 256, thresholds)[0], r.size, 4, 256, levels) for r in x
+        rotated_decode(rotated_encode(r, 4, 256, thresholds, levels)[0], r.size, 4, 256, levels)
+        for r in x
     ]
     total = rt[0] + rt[1] + rt[2]
     want["q4:h"] = [hashlib.sha256(a).hexdigest() for a in (p, rt[0].tobytes(), total.tobytes())]

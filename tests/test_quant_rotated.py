@@ -199,31 +199,57 @@ def rel_l2(spec: str, v: np.ndarray) -> float:
 
 
 def test_error_is_that_of_lloyd_max_and_below_plain_q4():
-    """On Gaussian values the relative error is that of the 16-level Lloyd-Max quantizer
-    (sqrt(0.009497) = 0.0975, Max 1960) whatever the block's outliers, which set plain q4's scale;
-    q8:h is within 5 % of the 256-level one's (0.00642)."""
+    """On Gaussian values the relative error is at most that of the 16-level Lloyd-Max quantizer
+    (sqrt(0.009497) = 0.0975, Max 1960) -- q4:h's scale choice takes a few percent off it (measured
+    4 % at blocks of 256) -- whatever the block's outliers, which set plain q4's scale; q8:h is
+    within 5 % of the 256-level one's (0.00642)."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal(1 << 16).astype(np.float32)
     spiky = x.copy()
     spiky[::256] *= 30.0  # an outlier in every block of 256
 
-    assert abs(rel_l2("q4:h", x) - 0.0975) < 0.003
+    assert 0.9 * 0.0975 < rel_l2("q4:h", x) < 0.0975
     assert abs(rel_l2("q8:h", x) - 0.00642) < 0.0003
     assert rel_l2("q4:h", spiky) < 0.7 * rel_l2("q4", spiky)
+
+
+@pytest.mark.parametrize("block", [64, 256])
+def test_scale_choice_never_loses_to_the_rms_scale(block, monkeypatch):
+    """q4:h's scale choice against the previous rule (thresholds and scale from the block's RMS,
+    the oracle with the choice taken out): no block's squared error grows (the RMS scale is a
+    candidate, and the least-squares gain only lowers its error), and the total falls."""
+    import _quant_oracle
+
+    rng = np.random.default_rng(block)
+    n = 8 * block
+    parts = [rng.standard_normal(n), rng.laplace(size=n), rng.standard_t(3, n)]
+    x = np.concatenate(parts + [np.repeat(rng.standard_normal(8), block)]).astype(np.float32)
+    codec = Quant(4, block, rotate=True)
+    y = ours(codec, x)[2].astype(np.float64)
+
+    def rms_rule(yy, sigma, t, levels):
+        return _quant_oracle.k_of(yy, t, sigma), sigma
+
+    monkeypatch.setattr(_quant_oracle, "scale_choice", rms_rule)
+    rms = oracle(x, codec)[2].astype(np.float64)
+    new, old = (((x - v).reshape(-1, block) ** 2).sum(axis=1) for v in (y, rms))
+    assert np.all(new <= old * (1 + 1e-6)), np.flatnonzero(new > old * (1 + 1e-6))
+    assert new.sum() < 0.97 * old.sum()
 
 
 @pytest.mark.parametrize("block", [64, 128, 256, 512, 1024])
 @pytest.mark.usefixtures("kernel")
 def test_every_block_size_keeps_the_error_bounds(block):
-    """Every block size from 64 to 1024: on Gaussian values q4:h and q8:h within 3 % of the
-    Lloyd-Max quantizers' errors (measured: within 1.3 %), and with a 30x outlier in every 64
-    values q4:h below half of plain q4's error at the same block size (measured: 0.35x-0.46x)."""
+    """Every block size from 64 to 1024: on Gaussian values q8:h within 3 % of the Lloyd-Max
+    quantizer's error (measured: within 1.3 %), q4:h below it by at most 15 % (its scale choice
+    gains most at small blocks: measured 11 % at 64, 1 % at 1024), and with a 30x outlier in every
+    64 values q4:h below half of plain q4's error at the same block size."""
     rng = np.random.default_rng(6)
     x = rng.standard_normal(1 << 16).astype(np.float32)
     spiky = x.copy()
     spiky[::64] *= 30.0
 
-    assert abs(rel_l2(f"q4:b{block}:h", x) - 0.0975) < 0.03 * 0.0975
+    assert 0.85 * 0.0975 < rel_l2(f"q4:b{block}:h", x) < 0.0975
     assert abs(rel_l2(f"q8:b{block}:h", x) - 0.00642) < 0.03 * 0.00642
     assert rel_l2(f"q4:b{block}:h", spiky) < 0.5 * rel_l2(f"q4:b{block}", spiky)
 

@@ -19,8 +19,10 @@
 //  3. y = H q, H the Sylvester-Hadamard matrix of order B (int32: |y| <= 2^30).
 //  4. sigma = sqrt(sum of q_i^2) in float64 (the sum is exact: below 2^51): the RMS of y, as
 //     sum(y^2) = B sum(q^2). Thresholds T_j = floor(t_j * sigma) (t: kThresholds<bits>, float64
-//     products); code K + k, k = how many T_j lie below |y_i| (K - 1 - k where y_i < 0).
-//  5. Scale s = float32(sigma * 2^-(b + 19 - E + 16)), in [2^-122, 2^98).
+//     products); code K + k, k = how many T_j lie below |y_i| (K - 1 - k where y_i < 0); gain
+//     g = sigma. 4 bits: the thresholds and the gain of the best of three scales instead (below:
+//     "q4:h's scale choice"), g in [sigma / 2, 3 sigma / 2].
+//  5. Scale s = float32(g * 2^-(b + 19 - E + 16)), in [2^-123, 2^98) (sigma's in [2^-122, 2^97]).
 // Decode, one block: a scale outside [2^-123, 2^98) (0, negative, NaN: any bytes may arrive)
 // decodes to zeros; else v = H (kLevels of the codes, signed) in int32 (|v| < 2^29), and x_i =
 // float32(v_i) * s (float32 product), negated where negated(i), rounded to the output type: 0 or
@@ -226,6 +228,118 @@ JAXHC_HD double sum_squares(const typename Tm::V* v) {
   return Tm::lane_total(Tm::dadd(a0, a1));
 }
 
+// --- q4:h's scale choice -------------------------------------------------------------------------
+// Step 4 for 4 bits tries kScales scales G_c = sigma * f_c (f = 1, 0.9, 1.1; float64 products):
+// candidate c's thresholds are T_j^c = floor(t_j * G_c) and its index k_c(y) = how many of them lie
+// below |y|. Its exact integer sums A_c = sum |y_i| L(k_c(y_i)) and Q_c = sum L(k_c(y_i))^2 (L in
+// units of 2^-16: |y| L < 2^48, A_c < 2^58) give the least-squares gain for those indices,
+// g_c = 2^16 A_c / Q_c, kept within [sigma / 2, 3 sigma / 2], and the squared error of the block
+// decoded with it, up to a term the same for all c: e_c = g_c (g_c Q_c - 2^17 A_c) (float64, one
+// fixed sequence of correctly rounded operations). The block takes the c of the least e_c (the
+// lowest c of equal ones): its thresholds give the codes and g_c the scale (step 5 with g_c for
+// sigma). Decoding is unchanged. The factors keep every T_j^0.9 in (T_(j-1)^1, T_j^1] and every
+// T_j^1.1 in [T_j^1, T_(j+1)^1) (t_(j+1) / t_j >= 1.3), so k_0.9 = k_1 + (|y| > T_(k_1)^0.9) and
+// k_1.1 = k_1 - (T_(k_1 - 1)^1.1 + 1 > |y|): the teams find k_1 and step from it.
+constexpr int kScales = 3;
+
+JAXHC_HD double dmul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+JAXHC_HD double scale_factor(int c) { return c == 1 ? 0.9 : c == 2 ? 1.1 : 1.0; }
+
+// Per block: each candidate's thresholds (padded to 8 with kNoThreshold), the steps from k_1 --
+// up[k] = T_k^0.9 (kNoThreshold for k = 7), down[k] = T_(k-1)^1.1 + 1 (0 for k = 0) -- and the
+// positive levels.
+struct ScaleTables {
+  alignas(32) int32_t thr[kScales][8];
+  alignas(32) int32_t up[8];
+  alignas(32) int32_t down[8];
+  alignas(32) int32_t level[8];
+};
+
+// `t`, `levels`: kThresholds4, kLevels4 (passed in: device tables on CUDA).
+JAXHC_HD void scale_tables(const float* t, const int32_t* levels, double sigma, ScaleTables* s) {
+  for (int c = 0; c < kScales; ++c)
+    fixed_thresholds(t, 4, dmul(sigma, scale_factor(c)), s->thr[c]);
+  for (int k = 0; k < 8; ++k) {
+    s->up[k] = s->thr[1][k];
+    s->down[k] = k ? s->thr[2][k - 1] + 1 : 0;
+    s->level[k] = levels[k];
+  }
+}
+
+// The candidate of the least error from the sums A[c], Q[c]; *gain: its g_c.
+JAXHC_HD int pick_scale(double sigma, const int64_t* A, const int64_t* Q, double* gain) {
+  int best = 0;
+  double best_e = 0.0;
+  for (int c = 0; c < kScales; ++c) {
+    const double a = dmul(static_cast<double>(A[c]), 65536.0), q = static_cast<double>(Q[c]);
+#if defined(__CUDA_ARCH__)
+    double g = __ddiv_rn(a, q);
+    g = fmin(fmax(g, dmul(sigma, 0.5)), dmul(sigma, 1.5));
+    const double e = __dmul_rn(g, __dsub_rn(__dmul_rn(g, q), __dmul_rn(2.0, a)));
+#else
+    double g = a / q;
+    g = std::fmin(std::fmax(g, sigma * 0.5), sigma * 1.5);
+    const double e = g * (g * q - 2.0 * a);
+#endif
+    if (c == 0 || e < best_e) {
+      best = c;
+      best_e = e;
+      *gain = g;
+    }
+  }
+  return best;
+}
+
+// The sums A_c, Q_c of R rows (y in the rows), for a team with, beside the transform's
+// operations: I (kLanes int64 sums), izero(), product_add(i, a, b) (i + a * b lane by lane, a, b
+// >= 0), itotal(i) (int64); absolute(v); index4(a, thr) (k_1: a binary search over 8 thresholds);
+// lookup8(k, tab) (tab[k], k < 8); plus_if(k, a, b) / minus_if(k, a, b) (k + 1 / k - 1 where
+// a > b, else k).
+template <class Tm, int R>
+JAXHC_HD void scale_sums(const typename Tm::V* v, const ScaleTables& s, int64_t* A, int64_t* Q) {
+  using V = typename Tm::V;
+  typename Tm::I a_sum[kScales], q_sum[kScales];
+  for (int c = 0; c < kScales; ++c) a_sum[c] = q_sum[c] = Tm::izero();
+  JAXHC_ROT_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const V a = Tm::absolute(v[r]);
+    const V k = Tm::index4(a, s.thr[0]);
+    const V k9 = Tm::plus_if(k, a, Tm::lookup8(k, s.up));
+    const V k11 = Tm::minus_if(k, Tm::lookup8(k, s.down), a);
+    const V lv[kScales] = {Tm::lookup8(k, s.level), Tm::lookup8(k9, s.level),
+                           Tm::lookup8(k11, s.level)};
+    for (int c = 0; c < kScales; ++c) {
+      a_sum[c] = Tm::product_add(a_sum[c], a, lv[c]);
+      q_sum[c] = Tm::product_add(q_sum[c], lv[c], lv[c]);
+    }
+  }
+  for (int c = 0; c < kScales; ++c) {
+    A[c] = Tm::itotal(a_sum[c]);
+    Q[c] = Tm::itotal(q_sum[c]);
+  }
+}
+
+// Step 4 and 5 of q4:h after the transform: the chosen candidate's thresholds into thr[0..8), its
+// gain returned (`t`, `levels`: as for scale_tables).
+template <class Tm, int R>
+JAXHC_HD double choose_scale(const typename Tm::V* v, double sigma, const float* t,
+                             const int32_t* levels, int32_t* thr) {
+  ScaleTables s;
+  scale_tables(t, levels, sigma, &s);
+  int64_t A[kScales], Q[kScales];
+  scale_sums<Tm, R>(v, s, A, Q);
+  double gain = sigma;
+  const int c = pick_scale(sigma, A, Q, &gain);
+  for (int j = 0; j < 8; ++j) thr[j] = s.thr[c][j];
+  return gain;
+}
+
 // The one-value team: the reference (CPU portable kernel).
 struct ScalarTeam {
   using V = int32_t;
@@ -238,6 +352,20 @@ struct ScalarTeam {
   static JAXHC_HD D square_add(D d, V v) { return d + double(v) * double(v); }
   static JAXHC_HD D dadd(D a, D b) { return a + b; }
   static JAXHC_HD double lane_total(D d) { return d; }
+  using I = int64_t;
+  static JAXHC_HD I izero() { return 0; }
+  static JAXHC_HD I product_add(I i, V a, V b) { return i + int64_t{a} * b; }
+  static JAXHC_HD int64_t itotal(I i) { return i; }
+  static JAXHC_HD V absolute(V v) { return v < 0 ? -v : v; }
+  static JAXHC_HD V index4(V a, const int32_t* thr) {
+    int k = 0;
+    for (int step = 4; step; step >>= 1)
+      if (a > thr[k + step - 1]) k += step;
+    return k;
+  }
+  static JAXHC_HD V lookup8(V k, const int32_t* tab) { return tab[k]; }
+  static JAXHC_HD V plus_if(V k, V a, V b) { return a > b ? k + 1 : k; }
+  static JAXHC_HD V minus_if(V k, V a, V b) { return a > b ? k - 1 : k; }
 };
 
 template <int N>

@@ -88,12 +88,45 @@ struct Avx512Team {
   static D dadd(D a, D b) {
     return {_mm512_add_epi64(a.even, b.even), _mm512_add_epi64(a.odd, b.odd)};
   }
-  static double lane_total(D d) {
+  static double lane_total(D d) { return static_cast<double>(itotal(d)); }
+
+  // The scale choice's operations (core's scale_sums).
+  using I = D;
+  static I izero() { return dzero(); }
+  static I product_add(I i, V a, V b) {
+    return {_mm512_add_epi64(i.even, _mm512_mul_epi32(a, b)),
+            _mm512_add_epi64(i.odd, _mm512_mul_epi32(_mm512_srli_epi64(a, 32),
+                                                     _mm512_srli_epi64(b, 32)))};
+  }
+  static int64_t itotal(I d) {
     __m512i t = _mm512_add_epi64(d.even, d.odd);  // folded by halves (no reduce intrinsics:
     t = _mm512_add_epi64(t, _mm512_shuffle_i32x4(t, t, 0x4e));  // GCC 12 warns on them)
     t = _mm512_add_epi64(t, _mm512_shuffle_i32x4(t, t, 0xb1));
     const __m128i h = _mm512_castsi512_si128(t);
-    return static_cast<double>(_mm_cvtsi128_si64(_mm_add_epi64(h, _mm_unpackhi_epi64(h, h))));
+    return _mm_cvtsi128_si64(_mm_add_epi64(h, _mm_unpackhi_epi64(h, h)));
+  }
+  static V absolute(V v) { return _mm512_abs_epi32(v); }
+  static V lookup8(V k, const int32_t* tab) {
+    return _mm512_permutexvar_epi32(
+        k, _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(tab))));
+  }
+  static V plus_if(V k, V a, V b) {
+    return _mm512_mask_add_epi32(k, _mm512_cmpgt_epi32_mask(a, b), k, _mm512_set1_epi32(1));
+  }
+  static V minus_if(V k, V a, V b) {
+    return _mm512_mask_sub_epi32(k, _mm512_cmpgt_epi32_mask(a, b), k, _mm512_set1_epi32(1));
+  }
+  // core's binary search for k over thr[0..8), the 8 thresholds in a register (thr[8]: padding)
+  static V index4(V a, const int32_t* thr) {
+    const V t0 = _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(thr)));
+    const V t1 =
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(thr + 1)));
+    V k = _mm512_maskz_mov_epi32(_mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(thr[3])),
+                                 _mm512_set1_epi32(4));
+    k = _mm512_mask_add_epi32(k, _mm512_cmpgt_epi32_mask(a, _mm512_permutexvar_epi32(k, t1)), k,
+                              _mm512_set1_epi32(2));
+    return _mm512_mask_add_epi32(k, _mm512_cmpgt_epi32_mask(a, _mm512_permutexvar_epi32(k, t0)), k,
+                                 _mm512_set1_epi32(1));
   }
 
   template <typename T, bool kFull>
@@ -147,16 +180,8 @@ struct Avx512Team {
     constexpr int half = 1 << (bits - 1);
     const V a = _mm512_abs_epi32(y);
     V k = _mm512_setzero_si512();
-    if constexpr (bits == 4) {  // core's binary search, the 8 thresholds in a register
-      const V t0 = _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(thr)));
-      const V t1 = _mm512_castsi256_si512(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(thr + 1)));  // thr[8]: padding
-      k = _mm512_maskz_mov_epi32(_mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(thr[3])),
-                                 _mm512_set1_epi32(4));
-      k = _mm512_mask_add_epi32(k, _mm512_cmpgt_epi32_mask(a, _mm512_permutexvar_epi32(k, t1)), k,
-                                _mm512_set1_epi32(2));
-      k = _mm512_mask_add_epi32(k, _mm512_cmpgt_epi32_mask(a, _mm512_permutexvar_epi32(k, t0)), k,
-                                _mm512_set1_epi32(1));
+    if constexpr (bits == 4) {
+      k = index4(a, thr);
     } else {  // core's binary search, the thresholds gathered
       for (int step = half / 2; step; step >>= 1) {
         const V t = _mm512_i32gather_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(step - 1)), thr, 4);

@@ -127,6 +127,12 @@ struct WarpTeam : q::ScalarTeam {
 #endif
     return d;
   }
+  static JAXHC_HD int64_t itotal(I i) {
+#if defined(__CUDA_ARCH__)
+    for (int o = 16; o; o /= 2) i += __shfl_xor_sync(0xffffffffu, i, o);
+#endif
+    return i;
+  }
 };
 
 // The first warp of this thread and the warps of the grid.
@@ -169,8 +175,15 @@ __global__ void rot_encode_kernel(const T* x, uint8_t* payload, bool* ok, Layout
       for (int r = 0; r < R; r++) v[r] = q::to_fixed(f[r], factor, q::negated(r * 32 + lane));
       const double sigma = q::sqrt_rn(q::sum_squares<WarpTeam, R>(v));
       q::fwht<WarpTeam, R>(v);
-      if (lane == 0) reinterpret_cast<float*>(p)[k] = q::block_scale(sigma, q::log2_of(B), a);
-      for (int j = lane; j < half; j += 32) thr[j] = q::fixed_threshold(t, j, bits, sigma);
+      double gain = sigma;
+      if (bits == 4) {  // every lane the same choice (the sums are the warp's)
+        int32_t chosen[8];
+        gain = q::choose_scale<WarpTeam, R>(v, sigma, q::kThresholds4, q::kLevels4, chosen);
+        if (lane < 8) thr[lane] = chosen[lane];
+      } else {
+        for (int j = lane; j < half; j += 32) thr[j] = q::fixed_threshold(t, j, bits, sigma);
+      }
+      if (lane == 0) reinterpret_cast<float*>(p)[k] = q::block_scale(gain, q::log2_of(B), a);
       __syncwarp();
       for (int r = 0; r < R; r++) {
         const int c = q::code_of(v[r], thr, bits);
