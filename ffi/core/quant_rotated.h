@@ -36,15 +36,20 @@
 #include "core/quant_levels.h"
 
 // Loops over the rows of a block, unrolled: constant trip counts, so the rows stay in registers.
-// (eight at a time on the host: the portable kernel's rows are single values).
+// (eight at a time on the host: the portable kernel's rows are single values). The loops over a
+// group of rows held in registers (at most 16 on the host) unroll completely.
 #if defined(__CUDACC__)
 #define JAXHC_ROT_UNROLL _Pragma("unroll")
+#define JAXHC_ROT_UNROLL_GROUP _Pragma("unroll")
 #elif defined(__clang__)
 #define JAXHC_ROT_UNROLL _Pragma("unroll 8")
+#define JAXHC_ROT_UNROLL_GROUP _Pragma("unroll 16")
 #elif defined(__GNUC__)
 #define JAXHC_ROT_UNROLL _Pragma("GCC unroll 8")
+#define JAXHC_ROT_UNROLL_GROUP _Pragma("GCC unroll 16")
 #else
 #define JAXHC_ROT_UNROLL
+#define JAXHC_ROT_UNROLL_GROUP
 #endif
 
 namespace jaxhc {
@@ -126,6 +131,12 @@ JAXHC_HD float block_scale(double sigma, int log2_block, uint32_t amax) {
 #endif
 }
 
+// The code of a value y whose magnitude has index k (k < 2^(bits - 1)).
+JAXHC_HD int signed_code(int32_t y, int k, int bits) {
+  const int half = 1 << (bits - 1);
+  return y < 0 ? half - 1 - k : half + k;
+}
+
 // The code of y (a binary search for how many of thr lie below |y|).
 JAXHC_HD int code_of(int32_t y, const int32_t* thr, int bits) {
   const int half = 1 << (bits - 1);
@@ -133,7 +144,7 @@ JAXHC_HD int code_of(int32_t y, const int32_t* thr, int bits) {
   int k = 0;
   for (int step = half / 2; step; step >>= 1)
     if (a > thr[k + step - 1]) k += step;
-  return y < 0 ? half - 1 - k : half + k;
+  return signed_code(y, k, bits);
 }
 
 // The signed level of a code in units of 2^-16 (`levels`: kLevels<bits>).
@@ -164,14 +175,15 @@ JAXHC_HD float decoded(int32_t v, float scale, bool neg) {
 // clear, v_(j-h) - v_j where it is set; D, kLanes float64 sums: dzero(), square_add(d, v),
 // dadd(d, e), lane_total(d). Integer sums are exact, so any order of the stages gives H v.
 
-// The row stages h = 1, 2, ..., count / 2 of the rows a[0..count) (count a power of two).
-template <class Tm>
-JAXHC_HD void row_stages(typename Tm::V* a, int count) {
-  JAXHC_ROT_UNROLL
-  for (int h = 1; h < count; h *= 2)
-    JAXHC_ROT_UNROLL
-    for (int r0 = 0; r0 < count; r0 += 2 * h)
-      JAXHC_ROT_UNROLL
+// The row stages h = 1, 2, ..., kCount / 2 of the rows a[0..kCount) (a power of two). Every
+// trip count is a constant, so a[] stays in registers.
+template <class Tm, int kCount>
+JAXHC_HD void row_stages(typename Tm::V* a) {
+  JAXHC_ROT_UNROLL_GROUP
+  for (int h = 1; h < kCount; h *= 2)
+    JAXHC_ROT_UNROLL_GROUP
+    for (int r0 = 0; r0 < kCount; r0 += 2 * h)
+      JAXHC_ROT_UNROLL_GROUP
       for (int r = r0; r < r0 + h; ++r) {
         const typename Tm::V lo = a[r], hi = a[r + h];
         a[r] = Tm::add(lo, hi);
@@ -179,40 +191,45 @@ JAXHC_HD void row_stages(typename Tm::V* a, int count) {
       }
 }
 
+// The row stages of stride kH and up to kH * kGroup on R rows: sets of rows r, r + kH, ...
+// (radix min(R / kH, kGroup)) transformed in registers, then the larger strides.
+template <class Tm, int R, int kH>
+JAXHC_HD void strided_stages(typename Tm::V* v) {
+  if constexpr (kH < R) {
+    using V = typename Tm::V;
+    constexpr int kCount = R / kH < Tm::kGroup ? R / kH : Tm::kGroup;
+    for (int r0 = 0; r0 < R; r0 += kH * kCount)
+      for (int off = 0; off < kH; ++off) {
+        V a[kCount];
+        JAXHC_ROT_UNROLL_GROUP
+        for (int k = 0; k < kCount; ++k) a[k] = v[r0 + off + k * kH];
+        row_stages<Tm, kCount>(a);
+        JAXHC_ROT_UNROLL_GROUP
+        for (int k = 0; k < kCount; ++k) v[r0 + off + k * kH] = a[k];
+      }
+    strided_stages<Tm, R, kH * kCount>(v);
+  }
+}
+
 // Step 3 on R rows: v = H v in place, a group of kGroup rows at a time (the lane stages and the
-// row stages inside the group), then radix-kGroup passes for the larger row strides.
+// row stages inside the group), then the larger row strides (strided_stages).
 template <class Tm, int R>
 JAXHC_HD void fwht(typename Tm::V* v) {
   using V = typename Tm::V;
   constexpr int G = R < Tm::kGroup ? R : Tm::kGroup;
-  JAXHC_ROT_UNROLL
   for (int g = 0; g < R; g += G) {
     V a[G];
-    JAXHC_ROT_UNROLL
+    JAXHC_ROT_UNROLL_GROUP
     for (int k = 0; k < G; ++k) a[k] = v[g + k];
-    JAXHC_ROT_UNROLL
+    JAXHC_ROT_UNROLL_GROUP
     for (int h = 1; h < Tm::kLanes; h *= 2)
-      JAXHC_ROT_UNROLL
+      JAXHC_ROT_UNROLL_GROUP
       for (int k = 0; k < G; ++k) a[k] = Tm::lane_butterfly(a[k], h);
-    row_stages<Tm>(a, G);
-    JAXHC_ROT_UNROLL
+    row_stages<Tm, G>(a);
+    JAXHC_ROT_UNROLL_GROUP
     for (int k = 0; k < G; ++k) v[g + k] = a[k];
   }
-  JAXHC_ROT_UNROLL
-  for (int h = G; h < R; h *= G) {
-    const int count = R / h < G ? R / h : G;  // rows r, r + h, ... of one butterfly set
-    JAXHC_ROT_UNROLL
-    for (int r0 = 0; r0 < R; r0 += h * count)
-      JAXHC_ROT_UNROLL
-      for (int off = 0; off < h; ++off) {
-        V a[G];
-        JAXHC_ROT_UNROLL
-        for (int k = 0; k < count; ++k) a[k] = v[r0 + off + k * h];
-        row_stages<Tm>(a, count);
-        JAXHC_ROT_UNROLL
-        for (int k = 0; k < count; ++k) v[r0 + off + k * h] = a[k];
-      }
-  }
+  strided_stages<Tm, R, G>(v);
 }
 
 // Step 4's sum of q_i^2 over R rows, exact (each square below 2^41, the sum below 2^51).
@@ -283,8 +300,9 @@ JAXHC_HD int pick_scale(double sigma, const int64_t* A, const int64_t* Q, double
     g = fmin(fmax(g, dmul(sigma, 0.5)), dmul(sigma, 1.5));
     const double e = __dmul_rn(g, __dsub_rn(__dmul_rn(g, q), __dmul_rn(2.0, a)));
 #else
-    double g = a / q;
-    g = std::fmin(std::fmax(g, sigma * 0.5), sigma * 1.5);
+    double g = a / q;  // finite and >= 0 (q > 0): comparisons clamp it as fmin/fmax would
+    const double lo = sigma * 0.5, hi = sigma * 1.5;
+    g = g < lo ? lo : g > hi ? hi : g;
     const double e = g * (g * q - 2.0 * a);
 #endif
     if (c == 0 || e < best_e) {
@@ -296,27 +314,52 @@ JAXHC_HD int pick_scale(double sigma, const int64_t* A, const int64_t* Q, double
   return best;
 }
 
-// The sums A_c, Q_c of R rows (y in the rows), for a team with, beside the transform's
-// operations: I (kLanes int64 sums), izero(), product_add(i, a, b) (i + a * b lane by lane, a, b
-// >= 0), itotal(i) (int64); absolute(v); index4(a, thr) (k_1: a binary search over 8 thresholds);
-// lookup8(k, tab) (tab[k], k < 8); plus_if(k, a, b) / minus_if(k, a, b) (k + 1 / k - 1 where
-// a > b, else k).
+// For a team with, beside the transform's operations: I (kLanes int64 sums), izero(),
+// product_add(i, a, b) (i + a * b lane by lane, a, b >= 0), itotal(i) (int64); absolute(v);
+// index4(a, thr) (k_1: a binary search over 8 thresholds); lookup8(k, tab) (tab[k], k < 8);
+// plus_if(k, a, b) / minus_if(k, a, b) (k + 1 / k - 1 where a > b, else k).
+
+// The indices of a row's |y| = a under each candidate: k[0] = k_1, k[1] = k_0.9, k[2] = k_1.1.
+template <class Tm>
+JAXHC_HD void row_indices(typename Tm::V a, const ScaleTables& s, typename Tm::V* k) {
+  k[0] = Tm::index4(a, s.thr[0]);
+  k[1] = Tm::plus_if(k[0], a, Tm::lookup8(k[0], s.up));
+  k[2] = Tm::minus_if(k[0], Tm::lookup8(k[0], s.down), a);
+}
+
+// A row's terms of the sums: a_sum[c] += a L(k[c]), q_sum[c] += L(k[c])^2.
+template <class Tm>
+JAXHC_HD void row_sums(typename Tm::V a, const typename Tm::V* k, const ScaleTables& s,
+                       typename Tm::I* a_sum, typename Tm::I* q_sum) {
+  for (int c = 0; c < kScales; ++c) {
+    const typename Tm::V lv = Tm::lookup8(k[c], s.level);
+    a_sum[c] = Tm::product_add(a_sum[c], a, lv);
+    q_sum[c] = Tm::product_add(q_sum[c], lv, lv);
+  }
+}
+
+// The sums A_c, Q_c of R rows (y in the rows). idx null: one pass, each row's indices and then
+// their terms. Else two passes, keeping the indices in idx[r][0..kScales): every row's indices
+// first, then the sums; each pass is a short chain of dependent operations per row, which an
+// out-of-order CPU overlaps across rows better than the one long chain. The same integers.
 template <class Tm, int R>
-JAXHC_HD void scale_sums(const typename Tm::V* v, const ScaleTables& s, int64_t* A, int64_t* Q) {
+JAXHC_HD void scale_sums(const typename Tm::V* v, const ScaleTables& s, int64_t* A, int64_t* Q,
+                         typename Tm::V (*idx)[kScales] = nullptr) {
   using V = typename Tm::V;
   typename Tm::I a_sum[kScales], q_sum[kScales];
   for (int c = 0; c < kScales; ++c) a_sum[c] = q_sum[c] = Tm::izero();
-  JAXHC_ROT_UNROLL
-  for (int r = 0; r < R; ++r) {
-    const V a = Tm::absolute(v[r]);
-    const V k = Tm::index4(a, s.thr[0]);
-    const V k9 = Tm::plus_if(k, a, Tm::lookup8(k, s.up));
-    const V k11 = Tm::minus_if(k, Tm::lookup8(k, s.down), a);
-    const V lv[kScales] = {Tm::lookup8(k, s.level), Tm::lookup8(k9, s.level),
-                           Tm::lookup8(k11, s.level)};
-    for (int c = 0; c < kScales; ++c) {
-      a_sum[c] = Tm::product_add(a_sum[c], a, lv[c]);
-      q_sum[c] = Tm::product_add(q_sum[c], lv[c], lv[c]);
+  if (idx) {
+    JAXHC_ROT_UNROLL
+    for (int r = 0; r < R; ++r) row_indices<Tm>(Tm::absolute(v[r]), s, idx[r]);
+    JAXHC_ROT_UNROLL
+    for (int r = 0; r < R; ++r) row_sums<Tm>(Tm::absolute(v[r]), idx[r], s, a_sum, q_sum);
+  } else {
+    JAXHC_ROT_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const V a = Tm::absolute(v[r]);
+      V k[kScales];
+      row_indices<Tm>(a, s, k);
+      row_sums<Tm>(a, k, s, a_sum, q_sum);
     }
   }
   for (int c = 0; c < kScales; ++c) {
@@ -326,17 +369,20 @@ JAXHC_HD void scale_sums(const typename Tm::V* v, const ScaleTables& s, int64_t*
 }
 
 // Step 4 and 5 of q4:h after the transform: the chosen candidate's thresholds into thr[0..8), its
-// gain returned (`t`, `levels`: as for scale_tables).
+// gain returned (`t`, `levels`: as for scale_tables). idx: as for scale_sums; *chosen: the
+// candidate (idx[r][*chosen] are then the rows' code indices).
 template <class Tm, int R>
 JAXHC_HD double choose_scale(const typename Tm::V* v, double sigma, const float* t,
-                             const int32_t* levels, int32_t* thr) {
+                             const int32_t* levels, int32_t* thr,
+                             typename Tm::V (*idx)[kScales] = nullptr, int* chosen = nullptr) {
   ScaleTables s;
   scale_tables(t, levels, sigma, &s);
   int64_t A[kScales], Q[kScales];
-  scale_sums<Tm, R>(v, s, A, Q);
+  scale_sums<Tm, R>(v, s, A, Q, idx);
   double gain = sigma;
   const int c = pick_scale(sigma, A, Q, &gain);
   for (int j = 0; j < 8; ++j) thr[j] = s.thr[c][j];
+  if (chosen) *chosen = c;
   return gain;
 }
 

@@ -80,6 +80,15 @@ struct CpuScalar : ScalarTeam {
       codes[i / 2 + 1] = static_cast<uint8_t>(c[2] | c[3] << 4);
     }
   }
+  // The 4-bit codes of rows y[0..4) from their indices under candidate c (idx[k][c]).
+  static constexpr bool kIndexCodes = true;
+  static JAXHC_ROT_INLINE void store_index_codes(const V* y, const V (*idx)[kScales], int c,
+                                                 uint8_t* codes, uint32_t i) {
+    int k[4];
+    for (int j = 0; j < 4; j++) k[j] = signed_code(y[j], idx[j][c], 4);
+    codes[i / 2] = static_cast<uint8_t>(k[0] | k[1] << 4);
+    codes[i / 2 + 1] = static_cast<uint8_t>(k[2] | k[3] << 4);
+  }
   template <int bits>
   static JAXHC_ROT_INLINE V load_levels(const uint8_t* codes, uint32_t i) {
     const int c = bits == 8 ? codes[i] : (codes[i / 2] >> 4 * (i & 1)) & 0xf;
@@ -124,14 +133,22 @@ JAXHC_ROT_INLINE bool encode_block(const T* x, uint64_t m, float* scale, uint8_t
   const double sigma = sqrt_rn(sum_squares<Tm, R>(v));
   fwht<Tm, R>(v);
   alignas(32) int32_t thr[128];
-  double gain = sigma;
-  if constexpr (bits == 4) {
-    gain = choose_scale<Tm, R>(v, sigma, kThresholds4, kLevels4, thr);
+  if constexpr (bits == 4) {  // the scale choice keeps every row's indices: the codes' too
+    typename Tm::V idx[R][kScales];
+    int c = 0;
+    const double gain = choose_scale<Tm, R>(v, sigma, kThresholds4, kLevels4, thr, idx, &c);
+    *scale = block_scale(gain, log2_of(B), a);
+    for (int r = 0; r < R; r += 4) {
+      if constexpr (Tm::kIndexCodes)
+        Tm::store_index_codes(v + r, idx + r, c, codes, r * Tm::kLanes);
+      else
+        Tm::template store_codes<bits>(v + r, thr, codes, r * Tm::kLanes);
+    }
   } else {
     fixed_thresholds(thresholds_of(bits), bits, sigma, thr);
+    *scale = block_scale(sigma, log2_of(B), a);
+    for (int r = 0; r < R; r += 4) Tm::template store_codes<bits>(v + r, thr, codes, r * Tm::kLanes);
   }
-  *scale = block_scale(gain, log2_of(B), a);
-  for (int r = 0; r < R; r += 4) Tm::template store_codes<bits>(v + r, thr, codes, r * Tm::kLanes);
   return true;
 }
 

@@ -14,9 +14,7 @@ namespace {
 
 struct Avx2Team {
   using V = __m256i;
-  struct D {
-    __m256i even, odd;  // int64 sums of lanes 0, 2, 4, 6 and 1, 3, 5, 7
-  };
+  using D = __m256i;  // int64 sums, even and odd lanes added together (the totals are exact)
   static constexpr int kLanes = 8, kGroup = 8;
 
   static V add(V a, V b) { return _mm256_add_epi32(a, b); }
@@ -30,29 +28,24 @@ struct Avx2Team {
     return add(_mm256_permute2x128_si256(v, v, 1),
                _mm256_sign_epi32(v, _mm256_setr_epi32(1, 1, 1, 1, -1, -1, -1, -1)));
   }
-  static D dzero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-  // The squares as int64 (exact: below 2^41, their sums below 2^51), even and odd lanes.
-  static D square_add(D d, V v) {
-    const V odd = _mm256_srli_epi64(v, 32);
-    return {_mm256_add_epi64(d.even, _mm256_mul_epi32(v, v)),
-            _mm256_add_epi64(d.odd, _mm256_mul_epi32(odd, odd))};
-  }
-  static D dadd(D a, D b) {
-    return {_mm256_add_epi64(a.even, b.even), _mm256_add_epi64(a.odd, b.odd)};
-  }
+  static D dzero() { return _mm256_setzero_si256(); }
+  // The squares as int64 (exact: below 2^41, their sums below 2^51).
+  static D square_add(D d, V v) { return product_add(d, v, v); }
+  static D dadd(D a, D b) { return _mm256_add_epi64(a, b); }
   static double lane_total(D d) { return static_cast<double>(itotal(d)); }
 
   // The scale choice's operations (core's scale_sums).
   using I = D;
   static I izero() { return dzero(); }
+  // i + a * b, lane by lane, as int64 (the even lanes' and the odd lanes' products added).
   static I product_add(I i, V a, V b) {
-    return {_mm256_add_epi64(i.even, _mm256_mul_epi32(a, b)),
-            _mm256_add_epi64(i.odd, _mm256_mul_epi32(_mm256_srli_epi64(a, 32),
-                                                     _mm256_srli_epi64(b, 32)))};
+    const V even = _mm256_mul_epi32(a, b);
+    const V odd = _mm256_mul_epi32(_mm256_srli_epi64(a, 32), _mm256_srli_epi64(b, 32));
+    return _mm256_add_epi64(i, _mm256_add_epi64(even, odd));
   }
   static int64_t itotal(I d) {
     alignas(32) int64_t s[4];
-    _mm256_store_si256(reinterpret_cast<V*>(s), _mm256_add_epi64(d.even, d.odd));
+    _mm256_store_si256(reinterpret_cast<V*>(s), d);
     return s[0] + s[1] + s[2] + s[3];
   }
   static V absolute(V v) { return _mm256_abs_epi32(v); }
@@ -99,8 +92,21 @@ struct Avx2Team {
   // The codes of rows y[0..4) (values i..i + 31).
   template <int bits>
   static void store_codes(const V* y, const int32_t* thr, uint8_t* codes, uint32_t i) {
-    const V c01 = _mm256_packus_epi32(codes8<bits>(y[0], thr), codes8<bits>(y[1], thr));
-    const V c23 = _mm256_packus_epi32(codes8<bits>(y[2], thr), codes8<bits>(y[3], thr));
+    store_rows<bits>(codes8<bits>(y[0], thr), codes8<bits>(y[1], thr), codes8<bits>(y[2], thr),
+                     codes8<bits>(y[3], thr), codes, i);
+  }
+  // The 4-bit codes of rows y[0..4) from their indices under candidate c (idx[k][c]).
+  static constexpr bool kIndexCodes = true;
+  static void store_index_codes(const V* y, const V (*idx)[kScales], int c, uint8_t* codes,
+                                uint32_t i) {
+    store_rows<4>(signed_codes<4>(y[0], idx[0][c]), signed_codes<4>(y[1], idx[1][c]),
+                  signed_codes<4>(y[2], idx[2][c]), signed_codes<4>(y[3], idx[3][c]), codes, i);
+  }
+  // Four rows of codes (int32 lanes) stored in value order.
+  template <int bits>
+  static void store_rows(V c0, V c1, V c2, V c3, uint8_t* codes, uint32_t i) {
+    const V c01 = _mm256_packus_epi32(c0, c1);
+    const V c23 = _mm256_packus_epi32(c2, c3);
     const V b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(c01, c23),
                                             _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // in order
     if constexpr (bits == 8) {
@@ -126,6 +132,12 @@ struct Avx2Team {
         k = _mm256_add_epi32(k, _mm256_and_si256(_mm256_cmpgt_epi32(a, t), _mm256_set1_epi32(step)));
       }
     }
+    return signed_codes<bits>(y, k);
+  }
+  // core's signed_code, lane by lane: half + k, or half - 1 - k where y < 0.
+  template <int bits>
+  static V signed_codes(V y, V k) {
+    constexpr int half = 1 << (bits - 1);
     const V neg = _mm256_srai_epi32(y, 31);
     return _mm256_xor_si256(_mm256_add_epi32(k, _mm256_set1_epi32(half)),
                             _mm256_and_si256(neg, _mm256_set1_epi32(2 * half - 1)));

@@ -56,6 +56,7 @@ struct Avx512Team {
     __m512i even, odd;  // int64 sums of the even and the odd lanes
   };
   static constexpr int kLanes = 16, kGroup = 16;
+  static constexpr bool kIndexCodes = false;  // codes by the thresholds (store_codes)
 
   static V add(V a, V b) { return _mm512_add_epi32(a, b); }
   static V sub(V a, V b) { return _mm512_sub_epi32(a, b); }
