@@ -16,14 +16,17 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 # rarely run at once.
 LONGEST_FIRST = (
     "test_train_mpi.py",
-    "test_amsp.py",
+    "test_model_parallel.py",
     "test_distributed.py",
     "test_train.py",
-    "test_links_xla.py",
-    "test_plan_cli.py",
+    "test_mpi_launch.py",
+    "test_amsp.py",
     "test_faults.py",
-    "test_model_hf.py",
+    "test_zfp_kernels.py",
+    "test_overlap.py",
+    "test_links_xla.py",
     "test_checkpoint.py",
+    "test_model_hf.py",
 )
 
 

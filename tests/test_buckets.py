@@ -12,9 +12,11 @@ from jax import lax
 import jaxhc
 from jaxhc.collectives import _buckets
 from tests._mesh import mesh_of, run
+from tests._tiers import quick
 from tests.test_collectives import _zfp_tolerance
 
 MESHES = ["1d8", "3d-data-pipe"]  # 8 ranks on one axis; 4 ranks over ("data", "pipe")
+# Every case of the parametrized families runs under `slow`; the quick suite keeps two of each.
 
 
 def mixed_tree(devices: int, seed: int = 0) -> dict:
@@ -77,8 +79,13 @@ def assert_bits(got, want):
         )
 
 
-@pytest.mark.parametrize("mesh_name", MESHES)
-@pytest.mark.parametrize("codec", [None, "none", "mpc"])
+@pytest.mark.parametrize(
+    "mesh_name, codec",
+    quick(
+        [(m, c) for c in (None, "none", "mpc") for m in MESHES],
+        {("1d8", "none"), (MESHES[1], "mpc")},
+    ),
+)
 def test_lossless_tree_equals_lax_in_one_message_per_dtype(mesh_name, codec):
     mesh, axis = mesh_of(mesh_name)
     tree = mixed_tree(mesh.devices.size)
@@ -95,8 +102,13 @@ def test_lossless_tree_equals_lax_in_one_message_per_dtype(mesh_name, codec):
     assert per["raw_bytes"] == pytest.approx(raw)
 
 
-@pytest.mark.parametrize("mesh_name", MESHES)
-@pytest.mark.parametrize("codec", ["zfp:8", "zfp:8:d2", "q8:b8"])
+@pytest.mark.parametrize(
+    "mesh_name, codec",
+    quick(
+        [(m, c) for c in ("zfp:8", "zfp:8:d2", "q8:b8") for m in MESHES],
+        {("1d8", "zfp:8"), (MESHES[1], "q8:b8")},
+    ),
+)
 def test_lossy_tree_meets_each_leafs_bound(mesh_name, codec):
     """Every leaf within the bound it has when sent alone (the zfp psum tests' bound; the
     quantizer's half step per term), though leaves of 1e-4..1e2 share one message: no codec
@@ -212,8 +224,13 @@ def test_policy_min_bytes_applies_to_the_bucket():
         np.testing.assert_allclose(b, w, rtol=0, atol=_zfp_tolerance(w, 8, 1))
 
 
-@pytest.mark.parametrize("check_vma", [True, False])
-@pytest.mark.parametrize("codec", [None, "none", "mpc", "zfp:16"])
+@pytest.mark.parametrize(
+    "check_vma, codec",
+    quick(
+        [(v, c) for c in (None, "none", "mpc", "zfp:16") for v in (True, False)],
+        {(True, "zfp:16"), (False, "mpc")},
+    ),
+)
 def test_gradients_equal_the_per_leaf_ones(check_vma, codec):
     mesh, axis = mesh_of("3d-data-pipe")
     tree = mixed_tree(8, seed=4)

@@ -244,14 +244,14 @@ def written(tmp_path_factory):
     return ckpt, to_canonical(host, runner.plan), losses, batches
 
 
-# The quick suite: a mesh with tensor and one with pipe; every mesh under `slow`.
+# The quick suite: a mesh with tensor and pipe; every mesh under `slow`.
 SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
     "b",
     [
-        (4, 2, 1),
+        pytest.param((4, 2, 1), marks=SLOW),
         pytest.param((1, 1, 1), marks=SLOW),
         pytest.param((8, 1, 1), marks=SLOW),
         (1, 2, 4),

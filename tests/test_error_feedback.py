@@ -323,6 +323,7 @@ def test_keep_own_and_param_delta_keys_are_checked_in_one_line():
         Plan(CFG, sharded, policy=policy)
 
 
+@pytest.mark.slow  # CI time: trains two runs; the quick suite checks the keys above
 def test_param_delta_keeps_the_gathered_copy_near_the_master_copy():
     """ZeRO with 4-bit parameter gathers: sending each step's change keeps the parameters the
     ranks compute with within the coding error of one change of the exact (master) ones, far

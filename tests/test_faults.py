@@ -249,7 +249,7 @@ def _train_in_process(run: Path, policy: str, tmp_path, *extra: str) -> dict:
 
 # The quick suite: one codec of each family (q8; zfp with error feedback; q4:h with error
 # feedback, its own scale choice); every lossy preset under `slow`.
-@pytest.mark.parametrize("preset", quick(list(_lossy_data_policies()), {"q8", "zfp8_ef", "q4_ef4"}))
+@pytest.mark.parametrize("preset", quick(list(_lossy_data_policies()), {"zfp8_ef"}))
 def test_a_nan_storm_is_skipped_on_every_rank_and_never_encoded(preset, tmp_path, monkeypatch):
     """Steps 2 and 3 with Inf / NaN gradients on data rank 1: both fall back to raw (the lossy
     codec never encodes them), both are skipped on every rank, and the state after the storm is

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -77,6 +78,7 @@ def test_sampled_steps_measure_the_lossy_reduction_and_change_nothing():
     assert traffic[0] == traffic[1] == traffic[2]  # fixed-rate codecs: the same every step
 
 
+@pytest.mark.slow  # CI time: the lossy test above checks the same sampling
 def test_an_exact_reduction_measures_zero_error():
     metrics, _ = _run("none", every=1, steps=1)
     assert metrics[0]["grad_rel_err"] == 0.0

@@ -45,6 +45,7 @@ def dry_run(tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # CI time: the dry run takes ~40 s; `make test-all` runs it
 def test_every_stage_ran_and_passed(dry_run):
     assert dry_run["mode"] == "dry-run" and dry_run["ok"]
     assert list(dry_run["stages"]) == list(gpu_check.STAGES)
@@ -55,6 +56,7 @@ def test_every_stage_ran_and_passed(dry_run):
         assert dry_run["stages"][name]["collected"] > 0
 
 
+@pytest.mark.slow  # CI time: the dry run takes ~40 s; `make test-all` runs it
 def test_codec_throughput_records(dry_run):
     result = dry_run["stages"]["codecs"]["result"]
     assert result["platform"] == "cpu" and result["mib"] == 1
@@ -78,6 +80,7 @@ def test_codec_throughput_records(dry_run):
     assert records["zfp:8", "float32"]["meets_target"] is None  # not measured on an H200
 
 
+@pytest.mark.slow  # CI time: the dry run takes ~40 s; `make test-all` runs it
 def test_collectives_against_lax(dry_run):
     result = dry_run["stages"]["collectives"]["result"]
     assert result["platform"] == "cpu" and result["devices"] == 4

@@ -124,7 +124,8 @@ def _runner(shard: dict, policy) -> XlaRunner:
     return XlaRunner(cfg, jax.devices()[:2])
 
 
-@pytest.mark.parametrize("policy", [pytest.param("none", marks=pytest.mark.slow), "zfp8"])
+@pytest.mark.slow  # CI time: the quick suite resumes in test_train_mpi.py and test_checkpoint.py
+@pytest.mark.parametrize("policy", ["none", "zfp8"])
 def test_a_checkpoint_of_keep_resumes_bit_for_bit(tmp_path, policy):
     """Saved after two steps, restored into a fresh state: the next two losses and the final
     optimizer state are the uninterrupted run's."""

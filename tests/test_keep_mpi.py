@@ -25,9 +25,15 @@ axes:
   data: {codec: zfp, rate: 8}
 """
 # One level (the gathers and the first reduce-scatter started), and nested sub-axes.
+# (nested: `make test-all`; CI time, the quick suite prefetches on nested sub-axes in
+# tests/test_prefetch_mpi.py)
 PLANS = {
-    2: [("flat", [f"mesh.data={SIZE}"])],
-    4: [("nested", ["mesh.data=4", "mesh.shard.groups=[2]"])],
+    2: [pytest.param("flat", [f"mesh.data={SIZE}"], id="flat")],
+    4: [
+        pytest.param(
+            "nested", ["mesh.data=4", "mesh.shard.groups=[2]"], id="nested", marks=pytest.mark.slow
+        )
+    ],
 }
 
 
@@ -57,7 +63,7 @@ def _bits(xs):
 @pytest.mark.parametrize(
     "which", [pytest.param("none", marks=pytest.mark.slow), "policy"]
 )  # (none: make test-all; CI time)
-@pytest.mark.parametrize("name, plan", PLANS.get(SIZE, []), ids=[p[0] for p in PLANS.get(SIZE, [])])
+@pytest.mark.parametrize("name, plan", PLANS.get(SIZE, []))
 def test_keep_on_mpi_is_zero_1_and_the_xla_transport_bit_for_bit(name, plan, which, policy):
     chosen = policy if which == "policy" else "none"
     keep_losses, keep, starts, _, left = s.train(_config(plan, chosen, True))

@@ -64,6 +64,7 @@ def test_psum_across_two_namespace_hosts_equals_one_process(tmp_path):
 
 @needs_cluster
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # CI time (~90 s): the quick suite trains under mpirun (test_train_mpi.py)
 def test_train_across_two_namespace_hosts_equals_one_process(tmp_path):
     """`jaxhc train --transport xla`, data = 2, every message zfp8: two namespace hosts (one device
     each) give the losses, validation losses and wire bytes of one process with two devices."""

@@ -216,6 +216,7 @@ def llama_run(params_group: int = 1, steps: int = 6):
     return np.array(losses), ledger.per_axis(devices=mesh.size, by_kind=True)
 
 
+@pytest.mark.slow  # CI time: the quick suite checks the 2x2x2 logits and loss above
 def test_trains_on_2x2x2_and_the_loss_drops():
     """A tiny LLaMA (grouped-query attention, untied head) through the pipeline, tensor
     parallelism and ZeRO (mpc's bits are none's: see above): the first loss is the reference

@@ -31,9 +31,8 @@ from tests._gpt import (
     reference_run,
 )
 
-FAST = {("none", m) for m in ("1x1x1", "2x2x2", "1x2x4", "4x2x1", "2x1x4")} | {
-    ("identity", "2x2x2")
-}
+# The quick suite: the 3-D mesh and tensor beside 4 pipeline stages (CI time).
+FAST = {("none", "2x2x2"), ("none", "1x2x4"), ("identity", "2x2x2")}
 CASES = [
     pytest.param(policy, mesh, marks=() if (policy, mesh) in FAST else pytest.mark.slow)
     for policy in ("none", "identity")

@@ -19,6 +19,7 @@ import jax
 import mpi_helpers as h
 import numpy as np
 import pytest
+from _tiers import quick
 from jax.sharding import PartitionSpec as P
 
 pytestmark = [pytest.mark.mpi]
@@ -157,11 +158,18 @@ QUANT = ["q8", "q4:b64", "q8:b1536", "q8:h", "q4:h"]  # q8:b1536: blocks across 
 
 # The quantizers' tiny shapes (one partial block, as the zfp and mpc cases check it) run in
 # `make test-all` alone (CI time: every case is a program compiled on each rank).
-CASES = [(c, s) for c in CODECS for s in SHAPES] + [
-    pytest.param(c, s, marks=pytest.mark.slow) if s[0] * s[1] < 64 else (c, s)
-    for c in QUANT
-    for s in SHAPES
-]
+# The quick suite: every codec on the shape of partial blocks and several segments, the tiny and
+# the many-segment shapes for a few.
+CASES = quick(
+    [(c, s) for c in CODECS for s in SHAPES]
+    + [
+        pytest.param(c, s, marks=pytest.mark.slow) if s[0] * s[1] < 64 else (c, s)
+        for c in QUANT
+        for s in SHAPES
+    ],
+    {(c, (3, 339)) for c in CODECS + QUANT}
+    | {(None, (1, 1)), ("zfp:8", (1, 7)), ("mpc", (1, 7)), ("zfp:8", (8, 1000)), ("q8", (8, 1000))},
+)
 
 
 @pytest.mark.parametrize("collective", sorted(TARGETS))

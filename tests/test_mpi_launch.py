@@ -278,6 +278,7 @@ def test_a_rank_killed_mid_job_ends_it_naming_the_rank():
     assert took < 60, took
 
 
+@pytest.mark.slow  # CI time: the quick suite kills the coordinator and an MPI rank
 def test_a_jax_distributed_peer_killed_mid_job_ends_it_naming_the_task():
     """Process 1 is SIGKILLed while process 0 waits for it in a psum (gloo): jax's coordination
     service misses its heartbeats and ends process 0 with a message naming task 1, after the

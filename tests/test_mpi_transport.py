@@ -19,6 +19,7 @@ import ml_dtypes
 import mpi_helpers as h
 import numpy as np
 import pytest
+from _tiers import quick
 from jax.sharding import PartitionSpec as P
 
 pytestmark = [pytest.mark.mpi]
@@ -128,7 +129,11 @@ def _cases(codecs):
     ]
 
 
-@pytest.mark.parametrize(("shape", "codec"), _cases(h.CODECS))
+# The quick suite: each codec on one mesh of 4 ranks (and of 2); every mesh under `slow`.
+QUICK_COLLECTIVES = {"2-none", "2x2-none", "1x2x2-mpc", "2x2-zfp8", "2x2-q8", "2-q8sr", "2-finite"}
+
+
+@pytest.mark.parametrize(("shape", "codec"), quick(_cases(h.CODECS), QUICK_COLLECTIVES))
 def test_collectives_match_xla(shape, codec):
     _need(shape)
     _compare(shape, "collectives", codec, h.global_input(shape))
@@ -169,8 +174,11 @@ def test_pytree_buckets_match_xla(shape, codec, nan):
 
 @pytest.mark.parametrize(
     ("shape", "codec"),
-    [(s, c) for s in [(2,), (1, 2), (4,), (2, 2), (1, 2, 2)] for c in ("raw", "none")]
-    + [((2,), "finite")],
+    quick(
+        [(s, c) for s in [(2,), (1, 2), (4,), (2, 2), (1, 2, 2)] for c in ("raw", "none")]
+        + [((2,), "finite")],
+        {((2,), "raw"), ((2, 2), "raw"), ((1, 2, 2), "none")},
+    ),
     ids=lambda v: h.mesh_id(v) if isinstance(v, tuple) else v,
 )
 def test_gradients_match_xla(shape, codec):

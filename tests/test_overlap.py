@@ -70,7 +70,9 @@ def _feedback(name, **axes) -> jaxhc.Policy:
 @pytest.mark.parametrize(
     "mesh_cfg, policy",
     [
-        (MeshConfig(2, 2, 2), _feedback("q4ef", tensor="mpc", pipe="mpc")),
+        pytest.param(  # CI time: the quick suite overlaps q8 above
+            MeshConfig(2, 2, 2), _feedback("q4ef", tensor="mpc", pipe="mpc"), marks=pytest.mark.slow
+        ),
         pytest.param(MeshConfig(4, shard=DDP), _feedback("q4ef-ddp"), marks=pytest.mark.slow),
         pytest.param(  # blocks of 1024 values: the layout's pieces are whole blocks of them
             MeshConfig(4),

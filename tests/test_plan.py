@@ -45,7 +45,7 @@ def _compiled_step(data, tensor, pipe, shard, policy):
 
 # The quick suite: a plan of each kind (ZeRO-1 on groups, error feedback with tensor and pipe,
 # sharded parameters with a residual a level); every case under `slow`.
-@pytest.mark.parametrize("data, tensor, pipe, shard, policy", quick(CASES, {1, 4, 6}))
+@pytest.mark.parametrize("data, tensor, pipe, shard, policy", quick(CASES, {1, 4}))
 def test_state_bytes_are_what_the_compiled_step_takes(data, tensor, pipe, shard, policy):
     """XLA's memory analysis of the compiled step, per device: its arguments are the state (P +
     OS, scalars and any residual included) and this device's token rows, to the byte."""
@@ -94,9 +94,9 @@ MDATA = jaxhc.Policy.from_dict(
             (8, 1, 1, {"params": 2, "grads": 2, "optim": 8, "groups": [2, 4]}, ZDATA),
             (4, 2, 1, {"params": 4}, "none"),
         ],
-        # the quick suite: nested levels, per-level codecs, each way of gathering sharded
-        # parameters, zfp on sharded parameters, sharded parameters beside tensor
-        {2, 6, 8, 9, 10, 11},
+        # the quick suite (CI time): per-level codecs beside tensor, and zfp on sharded
+        # parameters gathered per layer over nested levels
+        {6, 10},
     ),
 )
 def test_data_collective_bytes_are_the_ledgers(data, tensor, pipe, shard, policy):

@@ -81,6 +81,7 @@ def test_plan_bad_input_is_one_line(capsys, args, message):
     assert message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow  # CI time: the quick suite profiles the codecs below
 def test_profile_writes_a_cluster_the_planner_reads(tmp_path, capsys):
     out = tmp_path / "local.yaml"
     argv = [

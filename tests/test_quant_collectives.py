@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _quant_oracle import round_trip
+from _tiers import quick
 from test_collectives import NAMES, collectives, parts_of
 
 import jaxhc
@@ -77,7 +78,7 @@ def assert_same_bits(got, want):
     np.testing.assert_array_equal(got.view(bits), want.view(bits))
 
 
-@pytest.mark.parametrize("mesh_name", ["1d2", "1d8"])
+@pytest.mark.parametrize("mesh_name", quick(["1d2", "1d8"], {"1d8"}))  # both: `slow` (CI time)
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("spec", [*SPECS, "q8:sr5"])
 def test_equals_lax_on_oracle_decoded_inputs(mesh_name, name, spec):
@@ -120,7 +121,7 @@ def test_narrow_types_equal_the_emulation(name, dtype):
     assert_same_bits(got, want)
 
 
-@pytest.mark.parametrize("mesh_name", ["3d-tensor", "3d-data-pipe"])
+@pytest.mark.parametrize("mesh_name", quick(["3d-tensor", "3d-data-pipe"], {"3d-data-pipe"}))
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("spec", SPECS)
 def test_within_the_quantization_bound_of_lax(mesh_name, name, spec):

@@ -23,7 +23,7 @@ from jaxhc.train.config import load
 from jaxhc.train.report import summarize
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
-QUICK_POLICIES = ("/mzhybrid.yaml", "/qhybrid.yaml", "/q4_ef.yaml")
+QUICK_POLICIES = ("/mzhybrid.yaml", "/q4_ef.yaml")
 # A shrunken model: as many layers as pipeline stages, tiny widths, a few steps.
 TINY = [
     "model.n_layer=2",
@@ -103,7 +103,12 @@ def experiments():
     return sorted(p for p in paths if "base" not in (yaml.safe_load(open(p)) or {}))
 
 
-@pytest.mark.parametrize("path", experiments(), ids=os.path.basename)
+# The quick suite trains the default experiment; every one runs under `slow` (CI time).
+@pytest.mark.parametrize(
+    "path",
+    quick(experiments(), [p for p in experiments() if p.endswith("/default.yaml")]),
+    ids=os.path.basename,
+)
 def test_every_shipped_experiment_runs_one_step_shrunk(path, tmp_path):
     out = tmp_path / "run"
     experiment = yaml.safe_load(open(path))
@@ -177,7 +182,7 @@ axes:
 """
 
 
-@pytest.mark.slow  # CI time: the quick suite resumes error-feedback residuals with q4:h below
+@pytest.mark.slow  # CI time: the quick suite resumes zfp residuals (tests/test_train_mpi.py)
 def test_resume_continues_bit_exactly(tmp_path):
     """Every message compressed, gradients with error feedback: the residuals are in the checkpoint
     (non-zero, one padded vector per device) and resuming from them continues bit for bit."""
@@ -218,7 +223,7 @@ NO_TENSOR = "--mesh", "data=4,tensor=1,pipe=2"
     "name, mesh",
     [
         *[
-            pytest.param(n, NO_TENSOR, marks=() if n == "q4h-ef-keep_own" else pytest.mark.slow)
+            pytest.param(n, NO_TENSOR, marks=pytest.mark.slow)  # CI time: ~90 s each
             for n in BLOCK_MIXING
         ],
         pytest.param("q4h-ef-keep_own", (), marks=pytest.mark.slow),
@@ -250,6 +255,7 @@ def test_resume_is_bit_exact_with_block_mixing_codecs(name, mesh, tmp_path):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.slow  # CI time: the quick suite writes a report in the sweep test below
 def test_report_writes_table_and_plots(tmp_path):
     """Both runs sample their gradients' fidelity every step (train.fidelity_every=1): the records
     and the report's table carry it (zfp8 on every message: a small error; none: exact), with the

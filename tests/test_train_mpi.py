@@ -294,6 +294,7 @@ def _rank_pid(mpirun: int, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow  # CI time: tests/test_mpi_launch.py ends a job whose rank is killed
 def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(policy, tmp_path):
     """`mpirun -np 2 jaxhc train`, data=2; once checkpoint 2 exists, rank 1 is SIGKILLed (in a step
     or while rank 0 writes a checkpoint). mpirun ends the job naming rank 1 within a minute; the

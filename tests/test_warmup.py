@@ -77,6 +77,7 @@ def _records(out) -> list[dict]:
     return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
 
+@pytest.mark.slow  # CI time (three trainings): the quick suite checks the warm-up policy above
 def test_the_first_steps_train_as_the_warmup_policy_then_the_steady_one(tmp_path):
     """Steps 0-1 of a run with ``warmup_steps: 2`` are those of a run of the warm-up policy
     (the same losses, bit for bit, and bytes); from step 2 on its data axis moves the steady
@@ -97,7 +98,7 @@ def test_the_first_steps_train_as_the_warmup_policy_then_the_steady_one(tmp_path
     assert w[2]["loss"] != s[2]["loss"]  # the warm-up changed the state the steady steps start on
 
 
-@pytest.mark.slow  # make test-all (CI time); the quick suite resumes block codecs in test_train
+@pytest.mark.slow  # make test-all (CI time)
 def test_a_resume_inside_the_warmup_continues_bit_exactly(tmp_path):
     """Which steps warm up follows the step index, so a run resumed inside its warm-up (at step 2
     of 3) switches at the same step as an uninterrupted one: the same losses, bit for bit."""

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 from _gpt import CFG, OPTIM, SEED, batch
+from _tiers import quick
 from test_model_hlo import collectives_by_branching
 
 import jaxhc
@@ -41,7 +42,9 @@ def _compiled(gather, model=DEEP):
     return step.lower(state, batch(0, model, size=16)).compile()
 
 
-@pytest.mark.parametrize("data, tensor, pipe", [(8, 1, 1), (4, 1, 2), (2, 2, 1)])
+@pytest.mark.parametrize(
+    "data, tensor, pipe", quick([(8, 1, 1), (4, 1, 2), (2, 2, 1)], {(4, 1, 2)})
+)
 def test_every_chunk_holds_each_layers_own_chunk(data, tensor, pipe):
     """The flat layout, on a tree whose every value is distinct: flatten and unflatten invert
     each other; any run of q whole pieces splits into the shared segment's and each layer's
@@ -104,6 +107,7 @@ def test_gather_must_be_layer_whole_or_keep():
         MeshConfig(8, shard={"params": 8, "gather": "layers"})
 
 
+@pytest.mark.slow  # CI time: two deep-model compilations
 def test_per_layer_gathering_holds_less_than_the_whole_gathered_vector():
     """The compiled step's temporaries: ``whole`` keeps all L layers' gathered parameters from
     the forward to the backward (the model's autodiff residuals); per layer a device holds one

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiers import quick
 
 from jaxhc import _native
 from jaxhc.codecs import Codec, Zfp
@@ -147,7 +148,7 @@ def nd_outputs(x, rate: float, dims: int, noise) -> tuple:
     return stream, bits(y), ok, bits(decoded), bits(np.asarray(fused(noise)))
 
 
-@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dims", quick([2, 3], {2}))  # 3-D lanes: `slow`, special values below
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, jnp.float16])
 def test_nd_lanes_match_zfpy_and_the_scalar_coder(kernel, dims, dtype, monkeypatch):
     """The 2-D/3-D lane coder (float32, bfloat16 and float16 rows under avx512 and avx2) against
