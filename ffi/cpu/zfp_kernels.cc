@@ -54,7 +54,7 @@ Loops loops_dims(Kernel k, int dims) {
 
 Loops loops(Kernel k, Elem type, int maxbits, int dims) {
 #if defined(__x86_64__)
-  if (type != Elem::kF64) {  // the lane coder codes float32
+  if (lane_rows(type, maxbits, dims)) {
     if (k == Kernel::kAvx512)
       return dims == 1 ? avx512_lanes_1d(type, maxbits) : avx512_lanes_nd(type, dims);
     if (k == Kernel::kAvx2)

@@ -75,20 +75,38 @@ JAXHC_ZFP_LOOPS(NdLanesAvx512, int D JAXHC_COMMA Elem E, JAXHC_AVX512, encode_nd
                 x86::Avx512 JAXHC_COMMA x86::Bmi2Bits JAXHC_COMMA D JAXHC_COMMA E)
 // clang-format on
 
-// The lane loops of float32-coded rows (`type` is not kF64): 8 blocks at a time (avx2) or 16
-// (avx512); 1-D rows for `maxbits`, or rows of `dims` 2 or 3.
-Loops avx2_lanes_1d(Elem type, int maxbits);
+// The lane loops of the rows `lane_rows` admits: 8 blocks at a time (avx2) or 16 (avx512); 1-D
+// rows for `maxbits`, or rows of `dims` 2 or 3. The AVX2 1-D loops, the longest compile, are two
+// translation units: float32 rows, and bfloat16 / float16 rows.
+Loops avx2_lanes_1d_f32(int maxbits);
+Loops avx2_lanes_1d_16(Elem type, int maxbits);
+inline Loops avx2_lanes_1d(Elem type, int maxbits) {
+  return type == Elem::kF32 ? avx2_lanes_1d_f32(maxbits) : avx2_lanes_1d_16(type, maxbits);
+}
 Loops avx2_lanes_nd(Elem type, int dims);
 Loops avx512_lanes_1d(Elem type, int maxbits);
 Loops avx512_lanes_nd(Elem type, int dims);
 #endif
 
-// The 1-D lane loops for `maxbits`: the block's bits in 1, 2 or 4 words of 32 bits per lane.
+// Whether the lane coder takes rows of `type` coded at `maxbits` bits a block of `dims`: values
+// it codes as float32 (not float64), and 16-bit ones (bfloat16, float16) in 1-D rows only up to
+// 64 bits a block of 4, their own width; above it (a rate no one sends) the scalar coder codes
+// them, the same bytes, and no lane loops are compiled for it.
+constexpr bool lane_rows(Elem type, int maxbits, int dims) {
+  return type != Elem::kF64 && (type == Elem::kF32 || dims != 1 || maxbits <= 64);
+}
+
+// The 1-D lane loops for `maxbits` (of rows `lane_rows` admits): the block's bits in 1, 2 or 4
+// words of 32 bits per lane.
 template <template <int, Elem> class Lanes, Elem E>
 Loops lane_loops(int maxbits) {
   if (maxbits <= 32) return Lanes<1, E>::loops();
-  if (maxbits <= 64) return Lanes<2, E>::loops();
-  return Lanes<4, E>::loops();
+  if constexpr (E != Elem::kF32) {
+    return Lanes<2, E>::loops();
+  } else {
+    if (maxbits <= 64) return Lanes<2, E>::loops();
+    return Lanes<4, E>::loops();
+  }
 }
 
 // f(std::integral_constant<Elem, E>{}) for the float32-coded element type `type` (not kF64).
