@@ -107,7 +107,6 @@ def test_gather_must_be_layer_whole_or_keep():
         MeshConfig(8, shard={"params": 8, "gather": "layers"})
 
 
-@pytest.mark.slow  # CI time: two deep-model compilations
 def test_per_layer_gathering_holds_less_than_the_whole_gathered_vector():
     """The compiled step's temporaries: ``whole`` keeps all L layers' gathered parameters from
     the forward to the backward (the model's autodiff residuals); per layer a device holds one
