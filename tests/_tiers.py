@@ -11,14 +11,26 @@ _Param = type(pytest.param(0))
 
 def quick(cases, keep):
     """`cases` (values, tuples of values or `pytest.param`s) with all but those in `keep` marked
-    slow; `keep` holds cases (a `pytest.param` by its id) or their positions in `cases`."""
-    keep, out = list(keep), []
-    for i, case in enumerate(cases):
+    slow; `keep` holds cases (a `pytest.param` by its id) or, an int that is no case, a position
+    in `cases`. An item that matches no case is an error (a renamed case must not silently leave
+    the quick suite)."""
+    params, keys = [], []
+    for case in cases:
         param = case if isinstance(case, _Param) else None
         if param is None:
-            values = case if isinstance(case, tuple) else (case,)
-            param = pytest.param(*values)
-        kept = i in keep or (case.id if case is param else case) in keep
-        marks = param.marks if kept else [*param.marks, pytest.mark.slow]
-        out.append(pytest.param(*param.values, id=param.id, marks=marks))
-    return out
+            param = pytest.param(*(case if isinstance(case, tuple) else (case,)))
+        params.append(param)
+        keys.append(case.id if case is param else case)
+    kept = set()
+    for k in keep:
+        if k in keys:
+            kept.update(i for i, key in enumerate(keys) if key == k)
+        elif isinstance(k, int) and 0 <= k < len(cases):
+            kept.add(k)
+        else:
+            raise ValueError(f"quick(): no case matches {k!r}")
+    slow = pytest.mark.slow
+    return [
+        pytest.param(*p.values, id=p.id, marks=p.marks if i in kept else [*p.marks, slow])
+        for i, p in enumerate(params)
+    ]
