@@ -219,15 +219,10 @@ BLOCK_MIXING = {  # codecs whose coding error spreads over a block, padding incl
 NO_TENSOR = "--mesh", "data=4,tensor=1,pipe=2"
 
 
+@pytest.mark.slow  # CI time: ~90 s each; the quick suite resumes zfp residuals (test_train_mpi.py)
 @pytest.mark.parametrize(
     "name, mesh",
-    [
-        *[
-            pytest.param(n, NO_TENSOR, marks=pytest.mark.slow)  # CI time: ~90 s each
-            for n in BLOCK_MIXING
-        ],
-        pytest.param("q4h-ef-keep_own", (), marks=pytest.mark.slow),
-    ],
+    [*[(n, NO_TENSOR) for n in BLOCK_MIXING], ("q4h-ef-keep_own", ())],
     ids=lambda x: "tensor1" if x == NO_TENSOR else ("tensor2" if x == () else None),
 )
 def test_resume_is_bit_exact_with_block_mixing_codecs(name, mesh, tmp_path):
