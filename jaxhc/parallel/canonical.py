@@ -169,12 +169,6 @@ class Canonical:
         chunks = (1,) * len(lead) + storage_chunks(self._block_shape(shape, spec), limit)
         self.arrays[name] = Array((*lead, *shape), np.dtype(np.float32), chunks)
 
-    def _owner(self, param: int, coords) -> bool:
-        """Whether the device at `coords` writes its copy of parameter `param`'s values: it is at
-        coordinate 0 of the "tensor" and "pipe" axes that do not split the parameter."""
-        split = self.layout.split_over[param]
-        return all(coords[a] == 0 for a in ("tensor", "pipe") if a not in split)
-
     def pieces(self, coords) -> list[Piece]:
         """Every box of every canonical array that the device at `coords` holds."""
         zero = all(v == 0 for v in coords.values())
@@ -212,6 +206,13 @@ class Canonical:
         """The pieces of elements [lo, lo + size) of a device's padded flat vector, which sit at
         `at` in its leaf; `row`: the leading index of a per-data-rank array (residuals)."""
         layout, out = self.layout, []
+        # The data ranks' copies are told apart by `first` (which rank's chunk it is); among the
+        # other axes, the canonical copy is the parameter's own rule (`partition.owns_block`).
+        canon = {**coords, "data": 0}
+        owns = [
+            partition.owns_block(spec, len(shape), canon, self.mesh_shape)
+            for spec, shape in zip(self.param_specs, self.param_global, strict=True)
+        ]
         blocks = [
             partition.block_slices(spec, shape, coords, self.mesh_shape)
             for spec, shape in zip(self.param_specs, self.param_global, strict=True)
@@ -225,7 +226,7 @@ class Canonical:
                 )
                 if row is not None:
                     box = (slice(row, row + 1), *box)
-                owner = first and self._owner(i, coords)
+                owner = first and owns[i]
                 out.append(Piece(f"{name}/{p}", leaf, int(at + offset - lo), box, owner))
                 offset += math.prod(s.stop - s.start for s in local)
         return out
