@@ -34,6 +34,8 @@ LLaMA's (`jaxhc.model.llama`; KV = n_kv_head, I = intermediate_size)::
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -75,6 +77,13 @@ def init_params(cfg: GPTConfig, seed) -> dict:
         "blocks": blocks,
         "ln_f": {"scale": jnp.ones((c,), jnp.float32), "bias": jnp.zeros((c,), jnp.float32)},
     }
+
+
+@functools.lru_cache(maxsize=32)
+def param_shapes(cfg: GPTConfig) -> dict:
+    """The parameter tree of `cfg` as `jax.ShapeDtypeStruct`s (`init_params` traced, not run;
+    one trace per config: do not modify the tree returned)."""
+    return jax.eval_shape(functools.partial(init_params, cfg), 0)
 
 
 def embed(params: dict, idx: jax.Array, cfg: GPTConfig) -> jax.Array:

@@ -51,7 +51,7 @@ class Plan:
     def __init__(self, model_cfg: GPTConfig, mesh_cfg: MeshConfig, optim_cfg=None, policy=None):
         validate(model_cfg, mesh_cfg)
         self.model, self.mesh_cfg, self.optim = model_cfg, mesh_cfg, optim_cfg
-        self.param_shapes = jax.eval_shape(functools.partial(gpt.init_params, model_cfg), 0)
+        self.param_shapes = gpt.param_shapes(model_cfg)
         self.param_specs = param_specs(self.param_shapes)
         self.layout = flat_layout(self.param_shapes, mesh_cfg, policy)
         self.shard = ShardPlan.of(mesh_cfg)

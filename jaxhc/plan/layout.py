@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
-
 from jaxhc import partition
 from jaxhc.parallel.amsp import gathers_per_layer
 from jaxhc.plan.shapes import ModelShape
@@ -110,6 +108,7 @@ def _flat_layout(gpt, data: int, tensor: int, pipe: int, codec: str):
     a codec spec on the whole data axis gives the layout of the run's policy, which puts it on
     the levels that cross nodes only (`jaxhc.plan.cost.spec_policy`), whenever one does, as on
     every plan the search prices with a codec (tests/test_plan_memory.py checks both routes)."""
+    from jaxhc.model import gpt as gpt_model
     from jaxhc.model.config import MeshConfig
     from jaxhc.parallel.state import flat_layout
     from jaxhc.policy import Policy
@@ -119,14 +118,7 @@ def _flat_layout(gpt, data: int, tensor: int, pipe: int, codec: str):
         policy = Policy.load(codec.removeprefix("policy "))
     else:  # a codec on the data levels that cross nodes
         policy = Policy.from_dict({"axes": {"data": codec}})
-    return flat_layout(_param_shapes(gpt), mesh, policy)
-
-
-@functools.lru_cache(maxsize=16)
-def _param_shapes(gpt):
-    from jaxhc.model import gpt as gpt_model
-
-    return jax.eval_shape(functools.partial(gpt_model.init_params, gpt), 0)
+    return flat_layout(gpt_model.param_shapes(gpt), mesh, policy)
 
 
 def device_params(shape: ModelShape, lay: Layout) -> tuple[int, int]:
