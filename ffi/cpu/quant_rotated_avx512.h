@@ -1,5 +1,5 @@
-// The AVX-512 team of the rotated block quantizers (the avx512 kernel of cpu/quant_rotated.cc,
-// which includes this file after its tables kTables and amax_scalar): 16 int32 lanes a row and
+// The AVX-512 team of the rotated block quantizers (the avx512 kernel of cpu/quant_rotated_teams.h,
+// which includes this file after its tables kTables): 16 int32 lanes a row and
 // 16 rows transformed at once in the 32 registers (a block of 256 values). Same integer transform
 // and the same codes as the other teams, so the same bytes. 4-bit codes: a binary search over the
 // 8 thresholds in one register (vpermd), levels by one vpermd over the 16 signed levels, the
@@ -96,9 +96,8 @@ struct Avx512Team {
     return static_cast<double>(_mm_cvtsi128_si64(_mm_add_epi64(h, _mm_unpackhi_epi64(h, h))));
   }
 
-  template <typename T, bool kFull>
-  static uint32_t amax(const T* x, uint64_t m) {
-    if (!kFull) return amax_scalar(x, m);
+  template <typename T>
+  static uint32_t amax(const T* x, uint64_t m) {  // m: a multiple of 16
     __m512i a = _mm512_setzero_si512();
     for (uint64_t i = 0; i < m; i += 16)
       a = _mm512_max_epu32(a, _mm512_and_si512(_mm512_castps_si512(load16(x + i)),
@@ -111,16 +110,9 @@ struct Avx512Team {
     return static_cast<uint32_t>(_mm_cvtsi128_si32(h));
   }
   // Rounding to nearest even commutes with negation, so the sign goes on before the conversion.
-  template <typename T, bool kFull>
-  static V load_fixed(const T* x, uint32_t i, uint64_t m, float factor) {
-    __m512 v;
-    if (kFull || i + 16 <= m) {
-      v = load16(x + i);
-    } else {  // the block's last values and its padding
-      alignas(64) float tail[16];
-      for (uint32_t j = 0; j < 16; j++) tail[j] = i + j < m ? E<T>::widen(x[i + j]) : 0.0f;
-      v = _mm512_load_ps(tail);
-    }
+  template <typename T>
+  static V load_fixed(const T* x, uint32_t i, float factor) {
+    const __m512 v = load16(x + i);
     const __m512 sign = _mm512_load_ps(reinterpret_cast<const float*>(kTables.sign_bit + i));
     return _mm512_cvtps_epi32(_mm512_xor_ps(_mm512_mul_ps(v, _mm512_set1_ps(factor)), sign));
   }

@@ -135,6 +135,41 @@ void decode_sum_scalar(const uint64_t* const* rows, int parts, uint64_t nwords, 
 
 // --- groups of L::kLanes blocks (float32 coded) ------------------------------------------------
 
+// The scalar coder where the lane loops below hand it blocks (those the lanes do not take, and a
+// range's last ones): called, not inlined, so that the lane loops' `flatten` does not compile a
+// copy of it into every lane loop (one per lane count, element type and direction). The same
+// functions, so the same bytes; they run for rare blocks and at most a group per range.
+template <class Bits, Elem E, int D = 1, class Sink>
+[[gnu::noinline]] bool encode_one_call(const T_<E>* x, uint64_t n, uint64_t b, int maxbits,
+                                       Sink& out) {
+  return encode_one<Bits, E, D>(x, n, b, maxbits, out);
+}
+template <class Bits, int D, class Sink>
+[[gnu::noinline]] bool encode_block_call(const float* v, int maxbits, Sink& out) {
+  return encode_block_d<D, Bits>(v, maxbits, out);
+}
+template <class Bits, Elem E, int D = 1>
+[[gnu::noinline]] void decode_one_call(const uint64_t* row, uint64_t nwords, uint64_t b,
+                                       int maxbits, Coded_<E>* v) {
+  decode_one<Bits, E, D>(row, nwords, b, maxbits, v);
+}
+template <class Bits, Elem E, int D = 1>
+[[gnu::noinline]] bool encode_scalar_call(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1,
+                                          int maxbits, uint64_t* words) {
+  return encode_scalar<Bits, E, D>(x, n, b0, b1, maxbits, words);
+}
+template <class Bits, Elem E, int D = 1>
+[[gnu::noinline]] void decode_scalar_call(const uint64_t* row, uint64_t nwords, uint64_t n,
+                                          uint64_t b0, uint64_t b1, int maxbits, T_<E>* x) {
+  decode_scalar<Bits, E, D>(row, nwords, n, b0, b1, maxbits, x);
+}
+template <class Bits, Elem E, int D = 1>
+[[gnu::noinline]] void decode_sum_scalar_call(const uint64_t* const* rows, int parts,
+                                              uint64_t nwords, uint64_t n, uint64_t b0,
+                                              uint64_t b1, int maxbits, T_<E>* x) {
+  decode_sum_scalar<Bits, E, D>(rows, parts, nwords, n, b0, b1, maxbits, x);
+}
+
 template <class L, Elem E>
 inline void load_values(const T_<E>* x, typename L::V* f) {
   if constexpr (E == Elem::kF32)
@@ -203,19 +238,20 @@ bool encode_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxb
     } else if (whole) {  // whole words: each block's word(s) in place
       for (int j = 0; j < K; j++) {
         BlockBits<2> bits;
-        ok &= encode_one<Bits, E>(x, n, b + j, maxbits, bits);
+        ok &= encode_one_call<Bits, E>(x, n, b + j, maxbits, bits);
         if (W == 1)
           reinterpret_cast<uint32_t*>(words)[b - b0 + j] = static_cast<uint32_t>(bits.w[0]);
         else
           words[b - b0 + j] = bits.w[0];
       }
     } else {
-      for (int j = 0; j < K; j++) ok &= encode_one<Bits, E>(x, n, b + j, maxbits, out);
+      for (int j = 0; j < K; j++) ok &= encode_one_call<Bits, E>(x, n, b + j, maxbits, out);
     }
   }
   if (whole)
-    return encode_scalar<Bits, E>(x, n, b, b1, maxbits, words + (b - b0) * maxbits / 64) && ok;
-  for (; b < b1; b++) ok &= encode_one<Bits, E>(x, n, b, maxbits, out);
+    return encode_scalar_call<Bits, E>(x, n, b, b1, maxbits, words + (b - b0) * maxbits / 64) &&
+           ok;
+  for (; b < b1; b++) ok &= encode_one_call<Bits, E>(x, n, b, maxbits, out);
   out.flush();
   return ok;
 }
@@ -251,7 +287,7 @@ inline void decode_group(const uint64_t* row, uint64_t nwords, uint64_t b, int m
   alignas(64) float v[4 * K];
   for (int i = 0; i < G; i++) {
     for (int j = 0; j < K; j++)
-      decode_one<Bits, Elem::kF32>(row, nwords, b + K * i + j, maxbits, v + 4 * j);
+      decode_one_call<Bits, Elem::kF32>(row, nwords, b + K * i + j, maxbits, v + 4 * j);
     L::load(v, f + 4 * i);
   }
 }
@@ -270,7 +306,7 @@ void decode_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0,
     store_values<L, E, true>(f, x + 4 * b);
     store_values<L, E, true>(f + 4, x + 4 * (b + L::kLanes));
   }
-  decode_scalar<Bits, E>(row, nwords, n, b, b1, maxbits, x);
+  decode_scalar_call<Bits, E>(row, nwords, n, b, b1, maxbits, x);
 }
 
 template <class L, class Bits, int W, Elem E>
@@ -291,7 +327,7 @@ void decode_sum_lanes(const uint64_t* const* rows, int parts, uint64_t nwords, u
     store_values<L, E>(acc, x + 4 * b);
     store_values<L, E>(acc + 4, x + 4 * (b + L::kLanes));
   }
-  decode_sum_scalar<Bits, E>(rows, parts, nwords, n, b, b1, maxbits, x);
+  decode_sum_scalar_call<Bits, E>(rows, parts, nwords, n, b, b1, maxbits, x);
 }
 
 // --- groups of L::kLanes 2-D/3-D blocks (float32 coded; core/zfp_nd_lanes.h) --------------------
@@ -325,7 +361,7 @@ bool encode_nd_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int m
     alignas(64) uint32_t head[K];
     alignas(64) typename C::Planes planes;
     if (!C::encode(f, head, planes)) {
-      for (int j = 0; j < K; j++) ok &= encode_block_nd<D, Bits>(v[j], maxbits, out);
+      for (int j = 0; j < K; j++) ok &= encode_block_call<Bits, D>(v[j], maxbits, out);
       continue;
     }
     for (int j = 0; j < K; j++) {
@@ -340,7 +376,7 @@ bool encode_nd_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int m
       put_zeros(out, budget - detail::encode_planes<S, 32, Bits>(p, maxprec, out, budget));
     }
   }
-  for (; b < b1; b++) ok &= encode_one<Bits, E, D>(x, n, b, maxbits, out);
+  for (; b < b1; b++) ok &= encode_one_call<Bits, E, D>(x, n, b, maxbits, out);
   out.flush();
   return ok;
 }
@@ -372,7 +408,8 @@ inline void decode_group_nd(const uint64_t* row, uint64_t nwords, uint64_t b, in
   }
   typename L::V f[S];
   if (!C::decode(ebits, nonzero, planes, f)) {
-    for (int j = 0; j < K; j++) decode_one<Bits, Elem::kF32, D>(row, nwords, b + j, maxbits, v[j]);
+    for (int j = 0; j < K; j++)
+      decode_one_call<Bits, Elem::kF32, D>(row, nwords, b + j, maxbits, v[j]);
     return;
   }
   alignas(64) uint32_t t[S][K];
@@ -393,7 +430,7 @@ void decode_nd_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t 
       for (uint64_t i = 0; i < S && S * (b + j) + i < n; i++)
         x[S * (b + j) + i] = Io<E>::narrow(v[j][i]);
   }
-  decode_scalar<Bits, E, D>(row, nwords, n, b, b1, maxbits, x);
+  decode_scalar_call<Bits, E, D>(row, nwords, n, b, b1, maxbits, x);
 }
 
 template <class L, class Bits, int D, Elem E>
@@ -415,7 +452,7 @@ void decode_sum_nd_lanes(const uint64_t* const* rows, int parts, uint64_t nwords
       for (uint64_t i = 0; i < S && S * (b + j) + i < n; i++)
         x[S * (b + j) + i] = Io<E>::narrow(acc[j][i]);
   }
-  decode_sum_scalar<Bits, E, D>(rows, parts, nwords, n, b, b1, maxbits, x);
+  decode_sum_scalar_call<Bits, E, D>(rows, parts, nwords, n, b, b1, maxbits, x);
 }
 
 }  // namespace cpu

@@ -1,0 +1,13 @@
+// The AVX2 kernel's rows of the rotated block quantizers (cpu/quant_rotated_teams.h), a
+// translation unit of its own.
+#include "cpu/quant_rotated_teams.h"
+
+#if defined(__x86_64__)
+namespace jaxhc {
+namespace quant {
+
+JAXHC_ROT_KERNEL(rotated_avx2, Avx2Blocks)
+
+}  // namespace quant
+}  // namespace jaxhc
+#endif  // __x86_64__
