@@ -1,7 +1,7 @@
 // Rotated block quantization (q8:h, q4:h), host and device code: the one definition of the format,
 // its arithmetic and the fast Walsh-Hadamard transform, used by the CPU kernels
-// (cpu/quant_rotated.cc: a one-value "team" and an AVX2 one) and the CUDA kernels
-// (cuda/quant_cuda.cu: a warp).
+// (cpu/quant_rotated_teams.h: a one-value "team", an AVX2 and an AVX-512 one, each instantiated in
+// a unit of its own) and the CUDA kernels (cuda/quant_cuda.cu: a warp).
 //
 // Format. A row of n values is cut into blocks of B = 2^b values (64..1024); the last block is
 // padded with zeros to B. Payload: [scales: float32 x blocks][codes: B per block, in value order;
