@@ -36,10 +36,13 @@ from _common import write_json
 from _sets import hf_gpt2_gradients
 from scipy.linalg import hadamard
 
+from jaxhc import _native
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from _quant_oracle import negated  # noqa: E402  (the sign pattern, as the tests define it)
 
-LEVELS = np.array([8414, 25431, 43041, 61757, 82328, 106040, 135595, 179083]) / 65536.0
+# The kernels' positive 4-bit levels (16.16 fixed point), cells split halfway between them.
+LEVELS = np.asarray(_native.cpu.quant_levels(4)[0], np.float64) / 65536.0
 THRESHOLDS = (LEVELS[1:] + LEVELS[:-1]) / 2
 
 
