@@ -20,6 +20,21 @@ AXES = {1: ("data",), 2: ("data", "tensor"), 3: ("pipe", "data", "tensor")}
 MESHES = [(2,), (1, 2), (4,), (2, 2), (1, 2, 2)]
 
 
+class Reference:
+    """A value made by rank 0 alone (the XLA transport's reference) and given to every rank by
+    `get`. A test makes it before its MPI programs and gets it after them: meanwhile the other
+    ranks trace and compile theirs instead of waiting in the broadcast (the MPI suite's time)."""
+
+    def __init__(self, make):
+        from mpi4py import MPI
+
+        self._world = MPI.COMM_WORLD
+        self._value = make() if self._world.Get_rank() == 0 else None
+
+    def get(self):
+        return self._world.bcast(self._value, root=0)
+
+
 def mesh_shape(shape) -> dict[str, int]:
     return dict(zip(AXES[len(shape)], shape, strict=True))
 

@@ -35,11 +35,6 @@ def programs(overlapped, sync, specs: dict):
     return launcher, launcher.shard_map(overlapped, **specs), launcher.shard_map(sync, **specs), xla
 
 
-def on_rank0(make):
-    """`make()`, computed on rank 0 alone (the XLA transport's reference) and given to all."""
-    return WORLD.bcast(make() if RANK == 0 else None, root=0)
-
-
 def run_both(overlapped, sync, *args):
     """(the started program's outputs, the synchronous one's, their ledgers over "x")."""
     with jaxhc.accounting.Ledger() as on_ledger:

@@ -34,7 +34,7 @@ from jaxhc.partition import local_block  # noqa: E402
 from jaxhc.transport import _mpi_fused  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
-RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+SIZE = WORLD.Get_size()
 SEGMENT_BYTES = 4096  # many segments per chunk at these sizes
 TARGETS = {
     "psum": "jaxhc_mpi_psum",
@@ -106,16 +106,17 @@ def _engine_wire(collective, codec, dtype, size):
 def _check(collective, codec, dtype, rows_per_rank, cols, case="plain"):
     x = _input(rows_per_rank, cols, dtype, case)
     xla, launcher, mpi, body = _programs(collective, codec)
-    ref = fallbacks_ref = wire_ref = None
-    if RANK == 0:
+
+    def reference():
         out, traffic = _traffic(lambda: xla(x))
-        ref, fallbacks_ref = np.asarray(out), traffic["fallbacks"] / SIZE
-        wire_ref = traffic["wire_bytes"] / SIZE
-    ref, fallbacks_ref, wire_ref = WORLD.bcast((ref, fallbacks_ref, wire_ref), root=0)
+        return np.asarray(out), traffic["fallbacks"] / SIZE, traffic["wire_bytes"] / SIZE
+
+    ref = h.Reference(reference)
     xin = launcher.put(x, P("x"))
     with jaxhc.transport.use(launcher.transport):
         hlo = jax.jit(body).lower(xin).as_text()
     got, traffic = _traffic(lambda: mpi(xin))
+    ref, fallbacks_ref, wire_ref = ref.get()
     fallbacks = traffic["fallbacks"]
     want = local_block(P("x"), ref, launcher.grid.coords, launcher.mesh_shape)
     bad = []

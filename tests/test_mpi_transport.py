@@ -83,11 +83,9 @@ def _steps(shape, kind, codec):
 def _compare(shape, kind, codec, x):
     """Run one program on both transports; each rank checks its block of XLA's result bitwise."""
     xla, launcher, mpi, spec, out_specs = _steps(shape, kind, codec)
-    ref = None
-    if RANK == 0:
-        ref = {k: np.asarray(v) for k, v in xla(x).items()}
-    ref = WORLD.bcast(ref, root=0)
+    ref = h.Reference(lambda: {k: np.asarray(v) for k, v in xla(x).items()})
     got = mpi(launcher.put(x, spec))
+    ref = ref.get()
     bad = []
     for k in sorted(ref):
         want = local_block(
@@ -200,15 +198,15 @@ def test_raw_dtypes_match_lax(shape):
         "f16": np.clip(x, -60000, 60000).astype(np.float16),
         "i32": (x * 1000).astype(np.int32),
     }
-    ref = None
-    if RANK == 0:
-        ref = jaxhc.Launcher(mesh, "xla").run(
+    ref = h.Reference(
+        lambda: jaxhc.Launcher(mesh, "xla").run(
             h.raw_body(tuple(mesh), jax.lax), xs, in_specs=spec, out_specs=spec, fetch=True
         )
-    ref = WORLD.bcast(ref, root=0)
+    )
     got = jaxhc.Launcher(mesh, "mpi").run(
         h.raw_body(tuple(mesh)), xs, in_specs=spec, out_specs=spec
     )
+    ref = ref.get()
     bad = [k for k in sorted(ref) if not h.bits_equal(got[k], ref[k][RANK : RANK + 1])]
     _agree_on_failures(bad)
 
@@ -300,13 +298,13 @@ def test_scan_remat_and_cond_match_xla(shape):
 
     spec = P(ax)
     x = h.global_input(shape, rows=2, cols=4, seed=4)
-    ref = None
-    if RANK == 0:
-        ref = jaxhc.run(
+    ref = h.Reference(
+        lambda: jaxhc.run(
             body, x, mesh_shape=mesh, in_specs=spec, out_specs=spec, transport="xla", fetch=True
         )
-    ref = WORLD.bcast(ref, root=0)
+    )
     got = jaxhc.run(body, x, mesh_shape=mesh, in_specs=spec, out_specs=spec, transport="mpi")
+    ref = ref.get()
     _agree_on_failures(
         [k for k in sorted(ref) if not h.bits_equal(got[k], ref[k][RANK : RANK + 1])]
     )
