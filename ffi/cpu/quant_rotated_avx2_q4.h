@@ -53,14 +53,20 @@ JAXHC_ROT_INLINE void lane_exchanges(V8* a) {
               [&](V8 x, V8 y) { return _mm256_castps_si256(_mm256_shuffle_ps(ps(x), ps(y), 0xdd)); });
 }
 
-// The 8 codes of row y (core's code_of): k = how many of thr[0..7) lie below |y| (a binary
-// search, the thresholds in a register), code = (k ^ sign) + 8.
-JAXHC_ROT_INLINE V8 code4(V8 y, V8 t0, V8 t1, V8 t3) {
+// The 8 codes of row y (core's code_of): k = how many of thr[0..7) lie below |y|, core's binary
+// search without lane crossings: thr[3], then thr[1] or thr[5] (a blend), then thr[k] for
+// k = 0, 2, 4, 6 (an in-lane permute of t0246 = thr[0, 2, 4, 6] twice); code = (k ^ sign) + 8.
+struct Thresholds4 {
+  V8 t1, t3, t5;
+  __m256 t0246;
+};
+JAXHC_ROT_INLINE V8 code4(V8 y, const Thresholds4& t) {
   const V8 a = _mm256_abs_epi32(y);
-  V8 k = _mm256_and_si256(_mm256_cmpgt_epi32(a, t3), _mm256_set1_epi32(4));
-  k = _mm256_add_epi32(k, _mm256_and_si256(_mm256_cmpgt_epi32(a, _mm256_permutevar8x32_epi32(t1, k)),
-                                           _mm256_set1_epi32(2)));
-  k = _mm256_sub_epi32(k, _mm256_cmpgt_epi32(a, _mm256_permutevar8x32_epi32(t0, k)));
+  const V8 m1 = _mm256_cmpgt_epi32(a, t.t3);
+  const V8 m2 = _mm256_cmpgt_epi32(a, _mm256_blendv_epi8(t.t1, t.t5, m1));
+  const V8 j = _mm256_sub_epi32(_mm256_and_si256(m1, _mm256_set1_epi32(2)), m2);  // k / 2
+  const V8 m3 = _mm256_cmpgt_epi32(a, _mm256_castps_si256(_mm256_permutevar_ps(t.t0246, j)));
+  const V8 k = _mm256_sub_epi32(_mm256_add_epi32(j, j), m3);
   return _mm256_add_epi32(_mm256_xor_si256(k, _mm256_srai_epi32(y, 31)), _mm256_set1_epi32(8));
 }
 
@@ -96,17 +102,17 @@ JAXHC_ROT_INLINE bool encode4(const T* x, float* scale, uint8_t* codes) {
   *scale = block_scale(sigma, log2_of(B), am);
   alignas(32) int32_t thr[8];
   fixed_thresholds(kThresholds4, 4, sigma, thr);
-  const V8 t0 = _mm256_load_si256(reinterpret_cast<const V8*>(thr));
-  const V8 t1 = _mm256_permutevar8x32_epi32(t0, _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7));
-  const V8 t3 = _mm256_set1_epi32(thr[3]);
+  const Thresholds4 th{_mm256_set1_epi32(thr[1]), _mm256_set1_epi32(thr[3]), _mm256_set1_epi32(thr[5]),
+                       _mm256_castsi256_ps(_mm256_setr_epi32(thr[0], thr[2], thr[4], thr[6], thr[0],
+                                                             thr[2], thr[4], thr[6]))};
   // byte m of a half <- byte 4 (m & 3) + (m >> 3 & 1) + 2 (m >> 2 & 1) of the packed rows
   const V8 order = _mm256_broadcastsi128_si256(
       _mm_setr_epi8(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15));
   for (int g = 0; g < G; g++) {
     V8 p[4];  // p[s] lane u: byte s + 4 (u >> 1 & 1) + 8 (u & 1) + 16 (u >> 2) of the group
     for (int s = 0; s < 4; s++)
-      p[s] = _mm256_or_si256(code4(v[2 * s * G + g], t0, t1, t3),
-                             _mm256_slli_epi32(code4(v[(2 * s + 1) * G + g], t0, t1, t3), 4));
+      p[s] = _mm256_or_si256(code4(v[2 * s * G + g], th),
+                             _mm256_slli_epi32(code4(v[(2 * s + 1) * G + g], th), 4));
     const V8 b = _mm256_packus_epi16(_mm256_packus_epi32(p[0], p[1]), _mm256_packus_epi32(p[2], p[3]));
     _mm256_storeu_si256(reinterpret_cast<V8*>(codes + g * 32), _mm256_shuffle_epi8(b, order));
   }
