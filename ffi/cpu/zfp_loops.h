@@ -114,13 +114,8 @@ JAXHC_ZFP_LOOPS(NdLanesAvx512, int D JAXHC_COMMA Elem E, JAXHC_AVX512, encode_nd
 // clang-format on
 
 // The lane loops of the rows `lane_rows` admits: 8 blocks at a time (avx2) or 16 (avx512); 1-D
-// rows for `maxbits`, or rows of `dims` 2 or 3. The AVX2 1-D loops, the longest compile, are two
-// translation units: float32 rows, and bfloat16 / float16 rows.
-Loops avx2_lanes_1d_f32(int maxbits);
-Loops avx2_lanes_1d_16(Elem type, int maxbits);
-inline Loops avx2_lanes_1d(Elem type, int maxbits) {
-  return type == Elem::kF32 ? avx2_lanes_1d_f32(maxbits) : avx2_lanes_1d_16(type, maxbits);
-}
+// rows for `maxbits`, or rows of `dims` 2 or 3.
+Loops avx2_lanes_1d(Elem type, int maxbits);
 Loops avx2_lanes_nd(Elem type, int dims);
 Loops avx512_lanes_1d(Elem type, int maxbits);
 Loops avx512_lanes_nd(Elem type, int dims);
