@@ -211,9 +211,14 @@ inline void round_values(typename L::V* f) {
 // Whole 32- or 64-bit stream words per block (rates 8 and 16): groups move as vectors.
 constexpr bool word_blocks(int W, int maxbits) { return W <= 2 && maxbits == 32 * W; }
 
-template <class L, class Bits, int W, Elem E>
+// The lane loops take a kit G (cpu/zfp_loops.h): its lane type G::L, its scalar bits G::Bits, and
+// its group coders, out of line: G::encode<W> (lanes::Coder<L>::encode), G::decode<W> (two groups:
+// decode_group below), G::encode_nd<D> and G::decode_nd<D> (2-D/3-D groups).
+template <class G, int W, Elem E>
 bool encode_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
                   uint64_t* words) {
+  using L = typename G::L;
+  using Bits = typename G::Bits;
   using V = typename L::V;
   constexpr int K = L::kLanes;
   const uint64_t full = std::min(b1, n / 4);
@@ -224,7 +229,7 @@ bool encode_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxb
   for (; b + K <= full; b += K) {
     V f[4], a[W];
     load_values<L, E>(x + 4 * b, f);
-    if (lanes::Coder<L>::template encode<W>(f, maxbits, a)) {
+    if (G::template encode<W>(f, maxbits, a)) {
       if (whole) {
         if constexpr (W == 1) L::store_words32(a[0], reinterpret_cast<uint32_t*>(words) + (b - b0));
         if constexpr (W == 2) L::store_words64(a, words + (b - b0));
@@ -294,33 +299,37 @@ inline void decode_group(const uint64_t* row, uint64_t nwords, uint64_t b, int m
 
 // Two groups at a time (their plane chains overlap); a last single group and the row's last
 // blocks take the scalar coder.
-template <class L, class Bits, int W, Elem E>
+template <class G, int W, Elem E>
 void decode_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
                   int maxbits, T_<E>* x) {
+  using L = typename G::L;
+  using Bits = typename G::Bits;
   constexpr int K = 2 * L::kLanes;
   const uint64_t full = std::min(b1, n / 4);
   uint64_t b = b0;
   for (; b + K <= full; b += K) {
     typename L::V f[8];
-    decode_group<L, Bits, W, 2>(row, nwords, b, maxbits, f);
+    G::template decode<W>(row, nwords, b, maxbits, f);
     store_values<L, E, true>(f, x + 4 * b);
     store_values<L, E, true>(f + 4, x + 4 * (b + L::kLanes));
   }
   decode_scalar_call<Bits, E>(row, nwords, n, b, b1, maxbits, x);
 }
 
-template <class L, class Bits, int W, Elem E>
+template <class G, int W, Elem E>
 void decode_sum_lanes(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
                       uint64_t b0, uint64_t b1, int maxbits, T_<E>* x) {
+  using L = typename G::L;
+  using Bits = typename G::Bits;
   constexpr int K = 2 * L::kLanes;  // two groups at a time, as decode_lanes
   const uint64_t full = std::min(b1, n / 4);
   uint64_t b = b0;
   for (; b + K <= full; b += K) {
     typename L::V acc[8], f[8];
-    decode_group<L, Bits, W, 2>(rows[0], nwords, b, maxbits, acc);
+    G::template decode<W>(rows[0], nwords, b, maxbits, acc);
     round_values<L, E>(acc), round_values<L, E>(acc + 4);
     for (int p = 1; p < parts; p++) {
-      decode_group<L, Bits, W, 2>(rows[p], nwords, b, maxbits, f);
+      G::template decode<W>(rows[p], nwords, b, maxbits, f);
       round_values<L, E>(f), round_values<L, E>(f + 4);
       for (int i = 0; i < 8; i++) acc[i] = L::fadd(acc[i], f[i]);
     }
@@ -341,40 +350,52 @@ inline void lane_planes(const typename C::Planes& planes, int j, uint64_t* p) {
   }
 }
 
-template <class L, class Bits, int D, Elem E>
-bool encode_nd_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
-                     uint64_t* words) {
+// Blocks v[0..L::kLanes) (block j's float32 values at v[j]) appended to out; returns whether
+// every value is finite.
+template <class L, class Bits, int D>
+inline bool encode_group_nd(const float (*v)[block_values(D)], int maxbits, WordWriter& out) {
   using C = lanes::NdCoder<L, D>;
   constexpr int S = C::S, K = C::K;
   const int budget = maxbits - Format<float>::kMinBits;
+  alignas(64) uint32_t t[S][K];
+  for (int i = 0; i < S; i++)
+    for (int j = 0; j < K; j++) std::memcpy(&t[i][j], &v[j][i], 4);
+  typename L::V f[S];
+  for (int i = 0; i < S; i++) f[i] = L::load_words32(t[i]);
+  alignas(64) uint32_t head[K];
+  alignas(64) typename C::Planes planes;
+  if (!C::encode(f, head, planes)) {
+    bool ok = true;
+    for (int j = 0; j < K; j++) ok &= encode_block_call<Bits, D>(v[j], maxbits, out);
+    return ok;
+  }
+  for (int j = 0; j < K; j++) {
+    if (!head[j]) {
+      put_zeros(out, maxbits);
+      continue;
+    }
+    out.put(head[j], Format<float>::kMinBits);
+    uint64_t p[32];
+    lane_planes<C>(planes, j, p);
+    int maxprec = detail::precision(static_cast<int>(head[j] >> 1) - 127, D);
+    put_zeros(out, budget - detail::encode_planes<S, 32, Bits>(p, maxprec, out, budget));
+  }
+  return true;
+}
+
+template <class G, int D, Elem E>
+bool encode_nd_lanes(const T_<E>* x, uint64_t n, uint64_t b0, uint64_t b1, int maxbits,
+                     uint64_t* words) {
+  using L = typename G::Nd;
+  using Bits = typename G::Bits;
+  constexpr int S = block_values(D), K = L::kLanes;
   WordWriter out(words);
   bool ok = true;
   uint64_t b = b0;
   for (; b + K <= b1; b += K) {
     alignas(64) float v[K][S];
-    alignas(64) uint32_t t[S][K];
     for (int j = 0; j < K; j++) load_block_nd<D>(x, n, b + j, v[j]);
-    for (int i = 0; i < S; i++)
-      for (int j = 0; j < K; j++) std::memcpy(&t[i][j], &v[j][i], 4);
-    typename L::V f[S];
-    for (int i = 0; i < S; i++) f[i] = L::load_words32(t[i]);
-    alignas(64) uint32_t head[K];
-    alignas(64) typename C::Planes planes;
-    if (!C::encode(f, head, planes)) {
-      for (int j = 0; j < K; j++) ok &= encode_block_call<Bits, D>(v[j], maxbits, out);
-      continue;
-    }
-    for (int j = 0; j < K; j++) {
-      if (!head[j]) {
-        put_zeros(out, maxbits);
-        continue;
-      }
-      out.put(head[j], Format<float>::kMinBits);
-      uint64_t p[32];
-      lane_planes<C>(planes, j, p);
-      int maxprec = detail::precision(static_cast<int>(head[j] >> 1) - 127, D);
-      put_zeros(out, budget - detail::encode_planes<S, 32, Bits>(p, maxprec, out, budget));
-    }
+    ok &= G::template encode_nd<D>(v, maxbits, out);
   }
   for (; b < b1; b++) ok &= encode_one_call<Bits, E, D>(x, n, b, maxbits, out);
   out.flush();
@@ -418,14 +439,15 @@ inline void decode_group_nd(const uint64_t* row, uint64_t nwords, uint64_t b, in
     for (int i = 0; i < S; i++) std::memcpy(&v[j][i], &t[i][j], 4);
 }
 
-template <class L, class Bits, int D, Elem E>
+template <class G, int D, Elem E>
 void decode_nd_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t b0, uint64_t b1,
                      int maxbits, T_<E>* x) {
-  constexpr int S = block_values(D), K = L::kLanes;
+  using Bits = typename G::Bits;
+  constexpr int S = block_values(D), K = G::Nd::kLanes;
   uint64_t b = b0;
   for (; b + K <= b1; b += K) {
     alignas(64) float v[K][S];
-    decode_group_nd<L, Bits, D>(row, nwords, b, maxbits, v);
+    G::template decode_nd<D>(row, nwords, b, maxbits, v);
     for (int j = 0; j < K; j++)
       for (uint64_t i = 0; i < S && S * (b + j) + i < n; i++)
         x[S * (b + j) + i] = Io<E>::narrow(v[j][i]);
@@ -433,18 +455,19 @@ void decode_nd_lanes(const uint64_t* row, uint64_t nwords, uint64_t n, uint64_t 
   decode_scalar_call<Bits, E, D>(row, nwords, n, b, b1, maxbits, x);
 }
 
-template <class L, class Bits, int D, Elem E>
+template <class G, int D, Elem E>
 void decode_sum_nd_lanes(const uint64_t* const* rows, int parts, uint64_t nwords, uint64_t n,
                          uint64_t b0, uint64_t b1, int maxbits, T_<E>* x) {
-  constexpr int S = block_values(D), K = L::kLanes;
+  using Bits = typename G::Bits;
+  constexpr int S = block_values(D), K = G::Nd::kLanes;
   uint64_t b = b0;
   for (; b + K <= b1; b += K) {
     alignas(64) float acc[K][S], v[K][S];
-    decode_group_nd<L, Bits, D>(rows[0], nwords, b, maxbits, acc);
+    G::template decode_nd<D>(rows[0], nwords, b, maxbits, acc);
     for (int j = 0; j < K; j++)
       for (int i = 0; i < S; i++) acc[j][i] = rounded<E>(acc[j][i]);
     for (int p = 1; p < parts; p++) {
-      decode_group_nd<L, Bits, D>(rows[p], nwords, b, maxbits, v);
+      G::template decode_nd<D>(rows[p], nwords, b, maxbits, v);
       for (int j = 0; j < K; j++)
         for (int i = 0; i < S; i++) acc[j][i] += rounded<E>(v[j][i]);
     }

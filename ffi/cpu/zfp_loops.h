@@ -1,5 +1,6 @@
 // The block-range loops of the ZFP kernels: the templates of cpu/zfp_blocks.h instantiated under
-// one instruction set's function attributes (every call inlined), behind type-erased pointers.
+// one instruction set's function attributes (every call inlined but the group coders of the lane
+// loops and the scalar fallbacks), behind type-erased pointers.
 // The lane loops, the longest compiles, are instantiated in translation units of their own (one
 // per instruction set and 1-D or 2-D/3-D rows: cpu/zfp_lanes_*.cc), so the build runs them in
 // parallel; cpu/zfp_kernels.cc instantiates the scalar ones and picks one per call.
@@ -56,6 +57,45 @@ JAXHC_ZFP_LOOPS(Nd, int D JAXHC_COMMA Elem E, , encode_scalar, decode_scalar, de
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vbmi2,gfni," \
                         "avx2,f16c,fma,bmi,bmi2"),                                        \
                  flatten))
+// The group coders the lane loops call (cpu/zfp_blocks.h), under function attributes ATTR. The
+// decoders and the 2-D/3-D encoder are not inlined: each is compiled once per lane width W (1-D)
+// or block layout D (2-D/3-D) and called by the loops of every element type, decode and
+// decode_sum alike, per group of blocks; inlined into each loop, they were most of the compile
+// time of the lane loops. The 1-D encoder, a small part of it, stays inlined: out of line,
+// encoding measured ~10 % slower (one thread, AVX2).
+#define JAXHC_ZFP_KIT(NAME, ATTR)                                                               \
+  template <class Lanes, class NdLanes, class BitsT>                                            \
+  struct NAME {                                                                                 \
+    using L = Lanes;                                                                            \
+    using Nd = NdLanes;                                                                         \
+    using Bits = BitsT;                                                                         \
+    using V = typename L::V;                                                                    \
+    template <int W>                                                                            \
+    ATTR static bool encode(const V* f, int maxbits, V* out) {                                  \
+      return lanes::Coder<L>::template encode<W>(f, maxbits, out);                              \
+    }                                                                                           \
+    template <int W>                                                                            \
+    [[gnu::noinline]] ATTR static void decode(const uint64_t* row, uint64_t nwords, uint64_t b, \
+                                              int maxbits, V* f) {                              \
+      cpu::decode_group<L, Bits, W, 2>(row, nwords, b, maxbits, f);                             \
+    }                                                                                           \
+    template <int D>                                                                            \
+    [[gnu::noinline]] ATTR static bool encode_nd(const float (*v)[block_values(D)], int maxbits, \
+                                                 cpu::WordWriter& out) {                        \
+      return cpu::encode_group_nd<Nd, Bits, D>(v, maxbits, out);                                \
+    }                                                                                           \
+    template <int D>                                                                            \
+    [[gnu::noinline]] ATTR static void decode_nd(const uint64_t* row, uint64_t nwords,          \
+                                                 uint64_t b, int maxbits,                       \
+                                                 float (*v)[block_values(D)]) {                 \
+      cpu::decode_group_nd<Nd, Bits, D>(row, nwords, b, maxbits, v);                            \
+    }                                                                                           \
+  };
+JAXHC_ZFP_KIT(Avx2Kit, JAXHC_AVX2)
+JAXHC_ZFP_KIT(Avx512Kit, JAXHC_AVX512)
+using Avx2Groups = Avx2Kit<lanes::Pair<x86::Avx2>, x86::Avx2, PortableBits>;
+using Avx512Groups = Avx512Kit<lanes::Pair<x86::Avx512>, x86::Avx512, x86::Bmi2Bits>;
+
 JAXHC_ZFP_LOOPS(Bmi2, Elem E, JAXHC_BMI2, encode_scalar, decode_scalar, decode_sum_scalar,
                 x86::Bmi2Bits JAXHC_COMMA E)
 JAXHC_ZFP_LOOPS(NdAvx2, int D JAXHC_COMMA Elem E, JAXHC_AVX2, encode_scalar, decode_scalar,
@@ -63,26 +103,21 @@ JAXHC_ZFP_LOOPS(NdAvx2, int D JAXHC_COMMA Elem E, JAXHC_AVX2, encode_scalar, dec
 // Zen 2 has AVX2 but microcoded pdep/pext: its lanes hand blocks to the portable scalar coder.
 JAXHC_ZFP_LOOPS(Avx2, int W JAXHC_COMMA Elem E, JAXHC_AVX2, encode_lanes, decode_lanes,
                 decode_sum_lanes,
-                lanes::Pair<x86::Avx2> JAXHC_COMMA PortableBits JAXHC_COMMA W JAXHC_COMMA E)
+                Avx2Groups JAXHC_COMMA W JAXHC_COMMA E)
 JAXHC_ZFP_LOOPS(Avx512, int W JAXHC_COMMA Elem E, JAXHC_AVX512, encode_lanes, decode_lanes,
                 decode_sum_lanes,
-                lanes::Pair<x86::Avx512> JAXHC_COMMA x86::Bmi2Bits JAXHC_COMMA W JAXHC_COMMA E)
+                Avx512Groups JAXHC_COMMA W JAXHC_COMMA E)
 JAXHC_ZFP_LOOPS(NdLanesAvx2, int D JAXHC_COMMA Elem E, JAXHC_AVX2, encode_nd_lanes,
                 decode_nd_lanes, decode_sum_nd_lanes,
-                x86::Avx2 JAXHC_COMMA PortableBits JAXHC_COMMA D JAXHC_COMMA E)
+                Avx2Groups JAXHC_COMMA D JAXHC_COMMA E)
 JAXHC_ZFP_LOOPS(NdLanesAvx512, int D JAXHC_COMMA Elem E, JAXHC_AVX512, encode_nd_lanes,
                 decode_nd_lanes, decode_sum_nd_lanes,
-                x86::Avx512 JAXHC_COMMA x86::Bmi2Bits JAXHC_COMMA D JAXHC_COMMA E)
+                Avx512Groups JAXHC_COMMA D JAXHC_COMMA E)
 // clang-format on
 
 // The lane loops of the rows `lane_rows` admits: 8 blocks at a time (avx2) or 16 (avx512); 1-D
-// rows for `maxbits`, or rows of `dims` 2 or 3. The AVX2 1-D loops, the longest compile, are two
-// translation units: float32 rows, and bfloat16 / float16 rows.
-Loops avx2_lanes_1d_f32(int maxbits);
-Loops avx2_lanes_1d_16(Elem type, int maxbits);
-inline Loops avx2_lanes_1d(Elem type, int maxbits) {
-  return type == Elem::kF32 ? avx2_lanes_1d_f32(maxbits) : avx2_lanes_1d_16(type, maxbits);
-}
+// rows for `maxbits`, or rows of `dims` 2 or 3.
+Loops avx2_lanes_1d(Elem type, int maxbits);
 Loops avx2_lanes_nd(Elem type, int dims);
 Loops avx512_lanes_1d(Elem type, int maxbits);
 Loops avx512_lanes_nd(Elem type, int dims);
